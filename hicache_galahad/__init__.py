@@ -1,0 +1,24 @@
+"""hicache-galahad: persistent, verified KV-cache and hybrid-state storage for SGLang HiCache.
+
+`hicache_galahad.GalahadStorage` is the SGLang backend class; it is imported lazily so that
+the record store (`hicache_galahad.store`) works without torch or sglang installed.
+"""
+
+__version__ = "0.1.0"
+__all__ = ["GalahadStorage", "RecordStore", "Namespace"]
+
+
+def __getattr__(name):
+    if name == "GalahadStorage":
+        from .adapter import GalahadStorage
+
+        return GalahadStorage
+    if name == "RecordStore":
+        from .store import RecordStore
+
+        return RecordStore
+    if name == "Namespace":
+        from .namespace import Namespace
+
+        return Namespace
+    raise AttributeError(f"module 'hicache_galahad' has no attribute {name!r}")

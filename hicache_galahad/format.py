@@ -1,0 +1,322 @@
+"""The on-disk record format (docs/FORMAT.md is its specification).
+
+Pure code: no I/O, no torch, no sglang. A record is a fixed 112-byte little-endian header, the
+key echo, then the payload. The digest (or the AES-GCM tag) covers the header and the payload,
+so any flipped bit anywhere in a record is caught. Every validation rule of FORMAT.md (V1..V16)
+has its own exception class here, each carrying its rule id.
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+import xxhash
+
+MAGIC = b"GALAHAD\x00"
+FORMAT_VERSION = 1
+
+FLAG_ZSTD = 0x0001
+FLAG_AES256_GCM = 0x0002
+KNOWN_FLAGS = FLAG_ZSTD | FLAG_AES256_GCM
+
+DIGEST_NONE = 0
+DIGEST_XXH3_128 = 1
+DIGEST_SHA256 = 2
+DIGEST_NAMES = {DIGEST_NONE: "none", DIGEST_XXH3_128: "xxh3_128", DIGEST_SHA256: "sha256"}
+DIGEST_SIZES = {DIGEST_NONE: 0, DIGEST_XXH3_128: 16, DIGEST_SHA256: 32}
+
+# magic, version, flags, header_len, payload_len, raw_len, namespace, key_len,
+# digest_alg, reserved, nonce, digest
+_FIXED = struct.Struct("<8sHHIQQ32sHBB12s32s")
+FIXED_HEADER_BYTES = _FIXED.size  # 112
+DIGEST_OFFSET = 80
+NONCE_BYTES = 12
+TAG_BYTES = 16
+
+MAX_KEY_BYTES = 1024
+MAX_RAW_BYTES = 1 << 32  # 4 GiB: far above any KV page or state checkpoint
+MAX_PAYLOAD_BYTES = MAX_RAW_BYTES + (MAX_RAW_BYTES >> 7) + (1 << 16)  # zstd worst-case bound
+
+
+class FormatError(Exception):
+    """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
+
+    rule = "V?"
+
+
+class TruncatedHeaderError(FormatError):
+    rule = "V1"
+
+
+class BadMagicError(FormatError):
+    rule = "V2"
+
+
+class UnsupportedVersionError(FormatError):
+    rule = "V3"
+
+
+class UnknownFlagsError(FormatError):
+    rule = "V4"
+
+
+class NonZeroReservedError(FormatError):
+    rule = "V5"
+
+
+class BadHeaderLengthError(FormatError):
+    rule = "V6"
+
+
+class SizeCapError(FormatError):
+    rule = "V7"
+
+
+class LengthMismatchError(FormatError):
+    rule = "V8"
+
+
+class PayloadSizeError(FormatError):
+    rule = "V9"
+
+
+class KeyMismatchError(FormatError):
+    rule = "V10"
+
+
+class NamespaceMismatchError(FormatError):
+    rule = "V11"
+
+
+class ProtectionPolicyError(FormatError):
+    rule = "V12"
+
+
+class DigestMismatchError(FormatError):
+    rule = "V13"
+
+
+class AuthenticationError(FormatError):
+    rule = "V14"
+
+
+class DecompressionError(FormatError):
+    rule = "V15"
+
+
+class RawSizeError(FormatError):
+    rule = "V16"
+
+
+ALL_ERRORS = (
+    TruncatedHeaderError,
+    BadMagicError,
+    UnsupportedVersionError,
+    UnknownFlagsError,
+    NonZeroReservedError,
+    BadHeaderLengthError,
+    SizeCapError,
+    LengthMismatchError,
+    PayloadSizeError,
+    KeyMismatchError,
+    NamespaceMismatchError,
+    ProtectionPolicyError,
+    DigestMismatchError,
+    AuthenticationError,
+    DecompressionError,
+    RawSizeError,
+)
+
+
+@dataclass(frozen=True)
+class Header:
+    flags: int
+    header_len: int
+    payload_len: int
+    raw_len: int
+    namespace: bytes
+    key: bytes
+    digest_alg: int
+    nonce: bytes
+    digest: bytes
+
+    @property
+    def total_len(self) -> int:
+        return self.header_len + self.payload_len
+
+    @property
+    def compressed(self) -> bool:
+        return bool(self.flags & FLAG_ZSTD)
+
+    @property
+    def encrypted(self) -> bool:
+        return bool(self.flags & FLAG_AES256_GCM)
+
+
+def encode_key(key: str) -> bytes:
+    key_bytes = key.encode("utf-8")
+    if not key_bytes or len(key_bytes) > MAX_KEY_BYTES:
+        raise ValueError(f"record key must be 1..{MAX_KEY_BYTES} UTF-8 bytes, got {len(key_bytes)}")
+    return key_bytes
+
+
+def pack_header(
+    *,
+    flags: int,
+    payload_len: int,
+    raw_len: int,
+    namespace: bytes,
+    key: bytes,
+    digest_alg: int,
+    nonce: bytes = bytes(NONCE_BYTES),
+    digest: bytes = b"",
+) -> bytearray:
+    """Header bytes; `digest` is left zero here and filled by `seal_digest`."""
+    if len(namespace) != 32:
+        raise ValueError("namespace digest must be 32 bytes")
+    header = bytearray(FIXED_HEADER_BYTES + len(key))
+    _FIXED.pack_into(
+        header,
+        0,
+        MAGIC,
+        FORMAT_VERSION,
+        flags,
+        FIXED_HEADER_BYTES + len(key),
+        payload_len,
+        raw_len,
+        namespace,
+        len(key),
+        digest_alg,
+        0,
+        nonce,
+        digest.ljust(32, b"\x00"),
+    )
+    header[FIXED_HEADER_BYTES:] = key
+    return header
+
+
+def new_digest(digest_alg: int):
+    """A streaming hasher for `digest_alg` (update/digest), or None for DIGEST_NONE."""
+    if digest_alg == DIGEST_XXH3_128:
+        return xxhash.xxh3_128()
+    if digest_alg == DIGEST_SHA256:
+        import hashlib
+
+        return hashlib.sha256()
+    return None
+
+
+def hash_header(hasher, header: bytes | bytearray | memoryview) -> None:
+    """Feeds the header to `hasher` with its digest field read as zeros."""
+    view = memoryview(header)
+    hasher.update(view[:DIGEST_OFFSET])
+    hasher.update(bytes(32))
+    hasher.update(view[DIGEST_OFFSET + 32 :])
+
+
+def seal_digest(header: bytearray, payload_chunks, digest_alg: int) -> None:
+    """Computes the record digest over header (digest field zeroed) and payload, in place."""
+    hasher = new_digest(digest_alg)
+    if hasher is None:
+        return
+    hash_header(hasher, header)
+    for chunk in payload_chunks:
+        hasher.update(chunk)
+    header[DIGEST_OFFSET : DIGEST_OFFSET + 32] = hasher.digest().ljust(32, b"\x00")
+
+
+def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Header:
+    """Checks V1-V9 on a record's first bytes (at least FIXED_HEADER_BYTES + key length).
+
+    `file_len` is the record's total length on disk. Rules that need the caller's context
+    (V10-V15) are checked by `check_identity` and the payload verification.
+    """
+    if len(prefix) < FIXED_HEADER_BYTES or file_len < FIXED_HEADER_BYTES:
+        raise TruncatedHeaderError(f"record of {file_len} bytes is shorter than its header")
+    (
+        magic,
+        version,
+        flags,
+        header_len,
+        payload_len,
+        raw_len,
+        namespace,
+        key_len,
+        digest_alg,
+        reserved,
+        nonce,
+        digest,
+    ) = _FIXED.unpack_from(prefix, 0)
+    if magic != MAGIC:
+        raise BadMagicError(f"bad magic {bytes(magic)!r}")
+    if version != FORMAT_VERSION:
+        raise UnsupportedVersionError(f"format version {version}, this reader knows {FORMAT_VERSION}")
+    if flags & ~KNOWN_FLAGS or digest_alg not in DIGEST_NAMES:
+        raise UnknownFlagsError(f"unknown flags 0x{flags:04x} or digest algorithm {digest_alg}")
+    digest_size = DIGEST_SIZES[digest_alg]
+    if (
+        reserved
+        or any(digest[digest_size:])
+        or (not flags & FLAG_AES256_GCM and any(nonce))
+    ):
+        raise NonZeroReservedError("reserved, digest padding or unused nonce bytes are not zero")
+    if key_len == 0 or key_len > MAX_KEY_BYTES or header_len != FIXED_HEADER_BYTES + key_len:
+        raise BadHeaderLengthError(f"header length {header_len} with key length {key_len}")
+    if raw_len > MAX_RAW_BYTES or payload_len > MAX_PAYLOAD_BYTES:
+        raise SizeCapError(f"payload {payload_len} / raw {raw_len} bytes exceed the caps")
+    if file_len != header_len + payload_len:
+        raise LengthMismatchError(
+            f"record is {file_len} bytes, header says {header_len + payload_len}"
+        )
+    tag_bytes = TAG_BYTES if flags & FLAG_AES256_GCM else 0
+    if payload_len < tag_bytes or (
+        not flags & FLAG_ZSTD and payload_len - tag_bytes != raw_len
+    ):
+        raise PayloadSizeError(f"payload {payload_len} bytes cannot hold {raw_len} raw bytes")
+    if len(prefix) < header_len:
+        raise TruncatedHeaderError("key echo is cut short")
+    key = bytes(prefix[FIXED_HEADER_BYTES:header_len])
+    return Header(
+        flags=flags,
+        header_len=header_len,
+        payload_len=payload_len,
+        raw_len=raw_len,
+        namespace=bytes(namespace),
+        key=key,
+        digest_alg=digest_alg,
+        nonce=bytes(nonce),
+        digest=bytes(digest[:digest_size]),
+    )
+
+
+def check_identity(
+    header: Header,
+    *,
+    key: bytes,
+    namespace: bytes,
+    require_encryption: bool,
+    allow_unverified: bool = False,
+) -> None:
+    """Checks V10-V12: the record is the one asked for, in the reader's namespace, and at
+    least as protected as the reader's policy demands."""
+    if header.key != key:
+        raise KeyMismatchError("key echo differs from the requested key")
+    if header.namespace != namespace:
+        raise NamespaceMismatchError("record belongs to another namespace")
+    if require_encryption and not header.encrypted:
+        raise ProtectionPolicyError("plaintext record in an encrypted store")
+    if not header.encrypted and header.digest_alg == DIGEST_NONE and not allow_unverified:
+        raise ProtectionPolicyError("record carries neither a digest nor an AEAD tag")
+
+
+def verify_digest(header: Header, header_bytes, payload_chunks) -> None:
+    """Checks V13 over the header bytes and the stored payload."""
+    hasher = new_digest(header.digest_alg)
+    if hasher is None:
+        return
+    hash_header(hasher, header_bytes)
+    for chunk in payload_chunks:
+        hasher.update(chunk)
+    if hasher.digest() != header.digest:
+        raise DigestMismatchError("digest mismatch")

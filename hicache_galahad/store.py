@@ -1,0 +1,933 @@
+"""RecordStore: verified, crash-safe, budgeted records on a local filesystem.
+
+Layout under `root`:
+    ledger                      shared byte count of records (u64 LE, guarded by flock)
+    presence.lock               every open store holds it shared; exclusive means "alone"
+    ns/<namespace>/namespace.json
+    ns/<namespace>/<key>.rec    one record per key (docs/FORMAT.md)
+    ns/<namespace>/.tmp-<pid>-<rand>-<key>.rec   a write in progress
+    quarantine/                 damaged records, newest few kept for inspection
+
+Every public method is safe to call from many threads and from several processes on one
+root. Data errors never raise: a read that fails any check is a miss (counted, quarantined,
+warned about at a limited rate); a write that cannot be completed returns False and leaves
+no partial record behind.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import logging
+import os
+import re
+import struct
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+from . import format as fmt
+from .crypto import RecordCipher, derive_tenant_key, load_master_key
+from .eviction import LruIndex
+from .metrics import Counters, RateLimitedLog
+from .namespace import Namespace
+
+log = logging.getLogger("hicache_galahad.store")
+
+RECORD_SUFFIX = ".rec"
+TEMP_PREFIX = ".tmp-"
+NAMESPACE_FILE = "namespace.json"
+QUARANTINE_KEEP_FILES = 32
+READ_CHUNK_BYTES = 1 << 20
+STALE_TEMP_AGE_S = 60.0
+TOUCH_GRANULARITY_S = 60.0
+COMPRESSION_MIN_SAVING = 1 / 16  # keep a compressed payload only if it saves this much
+_HEX64 = re.compile(r"^[0-9a-f]{64}$")
+_LEDGER = struct.Struct("<Q")
+
+
+def record_filename(key: str) -> str:
+    """SGLang's 64-hex page hashes name their file directly; other keys are hashed."""
+    if _HEX64.match(key):
+        return key + RECORD_SUFFIX
+    import hashlib
+
+    return "k" + hashlib.sha256(key.encode("utf-8")).hexdigest() + RECORD_SUFFIX
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+@dataclass
+class CheckReport:
+    records: int = 0
+    record_bytes: int = 0
+    damaged: list = field(default_factory=list)
+    unverifiable: list = field(default_factory=list)
+    stray_temp_files: list = field(default_factory=list)
+    quarantined_files: int = 0
+    ledger_bytes: int = 0
+    actual_bytes: int = 0
+    fixed: bool = False
+
+    @property
+    def ledger_drift_bytes(self) -> int:
+        return self.ledger_bytes - self.actual_bytes
+
+    @property
+    def clean(self) -> bool:
+        return not self.damaged and not self.stray_temp_files and self.ledger_drift_bytes == 0
+
+    def as_dict(self) -> dict:
+        return {
+            "records": self.records,
+            "record_bytes": self.record_bytes,
+            "damaged": self.damaged,
+            "unverifiable": self.unverifiable,
+            "stray_temp_files": self.stray_temp_files,
+            "quarantined_files": self.quarantined_files,
+            "ledger_bytes": self.ledger_bytes,
+            "actual_bytes": self.actual_bytes,
+            "ledger_drift_bytes": self.ledger_drift_bytes,
+            "clean": self.clean,
+            "fixed": self.fixed,
+        }
+
+
+class _Ledger:
+    """Total bytes of a root's records, shared by every process through a locked file."""
+
+    def __init__(self, path: str):
+        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        self._thread_lock = threading.Lock()
+
+    def _locked(self, update):
+        with self._thread_lock:
+            fcntl.flock(self._fd, fcntl.LOCK_EX)
+            try:
+                raw = os.pread(self._fd, _LEDGER.size, 0)
+                current = _LEDGER.unpack(raw)[0] if len(raw) == _LEDGER.size else 0
+                new_value, result = update(current)
+                if new_value != current:
+                    os.pwrite(self._fd, _LEDGER.pack(new_value), 0)
+                return result
+            finally:
+                fcntl.flock(self._fd, fcntl.LOCK_UN)
+
+    def read(self) -> int:
+        return self._locked(lambda current: (current, current))
+
+    def reserve(self, amount: int, limit: int | None) -> bool:
+        def update(current):
+            if limit is not None and current + amount > limit:
+                return current, False
+            return current + amount, True
+
+        return self._locked(update)
+
+    def release(self, amount: int) -> None:
+        self._locked(lambda current: (max(0, current - amount), None))
+
+    def set(self, value: int) -> None:
+        self._locked(lambda current: (value, None))
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+class _ThreadCodecs(threading.local):
+    compressor = None
+    decompressor = None
+
+
+class RecordStore:
+    """Records of many namespaces under one root directory.
+
+    max_bytes: cap on the bytes of all records under root (None: no cap).
+    min_free_bytes: free space the filesystem must keep; puts evict or fail to honour it.
+    compression: "none" or "zstd" (zstd_level 1..22); a page that does not shrink by at
+        least 1/16 is stored uncompressed.
+    encryption_key_file: path of a 32-byte master key; every record is then AES-256-GCM
+        sealed with a per-tenant key, and plaintext records are refused on read.
+    digest: "xxh3_128" (default) or "sha256" for unencrypted records; "none" only together
+        with allow_unverified=True (benchmarks).
+    durable: fsync files and directories before a put reports success.
+    """
+
+    def __init__(
+        self,
+        root: str,
+        *,
+        max_bytes: int | None = None,
+        min_free_bytes: int = 0,
+        compression: str = "none",
+        zstd_level: int = 3,
+        encryption_key_file: str | None = None,
+        digest: str = "xxh3_128",
+        allow_unverified: bool = False,
+        durable: bool = True,
+        io_threads: int = 8,
+    ):
+        if compression not in ("none", "zstd"):
+            raise ValueError(f"compression must be 'none' or 'zstd', got {compression!r}")
+        if not 1 <= int(zstd_level) <= 22:
+            raise ValueError(f"zstd_level must be 1..22, got {zstd_level!r}")
+        digest_ids = {name: alg for alg, name in fmt.DIGEST_NAMES.items()}
+        if digest not in digest_ids:
+            raise ValueError(f"digest must be one of {sorted(digest_ids)}, got {digest!r}")
+        if digest == "none" and not allow_unverified and not encryption_key_file:
+            raise ValueError("digest='none' needs allow_unverified=True (benchmarks only)")
+        if max_bytes is not None and max_bytes <= 0:
+            raise ValueError(f"max_bytes must be > 0 or None, got {max_bytes!r}")
+        self.root = os.path.abspath(root)
+        self.max_bytes = max_bytes
+        self.min_free_bytes = int(min_free_bytes)
+        self.compression = compression
+        self.zstd_level = int(zstd_level)
+        self.digest_alg = digest_ids[digest]
+        self.allow_unverified = allow_unverified
+        self.durable = durable
+        self._master_key = load_master_key(encryption_key_file) if encryption_key_file else None
+        self._ciphers: dict[str, RecordCipher] = {}
+        self._codecs = _ThreadCodecs()
+        self.counters = Counters()
+        self._warn = RateLimitedLog(log)
+        self._index = LruIndex()
+        self._namespaces: dict[str, Namespace] = {}
+        self._ns_lock = threading.Lock()
+        self._pending_bytes = 0
+        self._pending_lock = threading.Lock()
+        self._io_threads = max(1, int(io_threads))
+        self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="galahad-io")
+        self._closed = False
+
+        os.makedirs(os.path.join(self.root, "ns"), exist_ok=True)
+        os.makedirs(os.path.join(self.root, "quarantine"), exist_ok=True)
+        self._ledger = _Ledger(os.path.join(self.root, "ledger"))
+        self._presence_fd = os.open(
+            os.path.join(self.root, "presence.lock"), os.O_RDWR | os.O_CREAT, 0o644
+        )
+        self._open_scan()
+
+    # ----------------------------------------------------------------- open and scan
+
+    def _open_scan(self) -> None:
+        """Indexes every record for eviction, removes temp files of dead writers and, when
+        no other process has the root open, resets the ledger to the bytes really on disk."""
+        try:
+            fcntl.flock(self._presence_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        entries, total_bytes = self._scan(remove_temps_of_dead=True, assume_alone=alone)
+        entries.sort(key=lambda entry: entry[2])
+        self._index.load((location, size) for location, size, _ in entries)
+        if alone:
+            self._ledger.set(total_bytes)
+        fcntl.flock(self._presence_fd, fcntl.LOCK_SH)
+
+    def _scan(self, *, remove_temps_of_dead: bool, assume_alone: bool):
+        entries = []
+        total_bytes = 0
+        ns_root = os.path.join(self.root, "ns")
+        for ns_entry in os.scandir(ns_root):
+            if not ns_entry.is_dir(follow_symlinks=False):
+                continue
+            for entry in os.scandir(ns_entry.path):
+                name = entry.name
+                if name.startswith(TEMP_PREFIX):
+                    if remove_temps_of_dead and (assume_alone or self._temp_is_stale(entry)):
+                        self._unlink_quietly(entry.path)
+                        self.counters.add("stale_temp_removed")
+                    continue
+                if not name.endswith(RECORD_SUFFIX):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                entries.append(((ns_entry.name, name), info.st_size, info.st_mtime_ns))
+                total_bytes += info.st_size
+        for entry in os.scandir(os.path.join(self.root, "quarantine")):
+            try:
+                total_bytes += entry.stat(follow_symlinks=False).st_size
+            except FileNotFoundError:
+                pass
+        return entries, total_bytes
+
+    @staticmethod
+    def _temp_is_stale(entry) -> bool:
+        """A temp file is stale when its writer process is gone (or it is a day old)."""
+        try:
+            pid = int(entry.name[len(TEMP_PREFIX) :].split("-", 1)[0])
+        except ValueError:
+            return True
+        if pid == os.getpid():
+            return False
+        if not _pid_alive(pid):
+            return True
+        try:
+            return time.time() - entry.stat().st_mtime > 24 * 3600
+        except FileNotFoundError:
+            return False
+
+    # ----------------------------------------------------------------- namespaces
+
+    def register_namespace(self, namespace: Namespace) -> Namespace:
+        """Creates the namespace's directory (idempotent) and returns it."""
+        with self._ns_lock:
+            if namespace.dirname in self._namespaces:
+                return self._namespaces[namespace.dirname]
+            directory = self._ns_dir(namespace)
+            os.makedirs(directory, exist_ok=True)
+            description_path = os.path.join(directory, NAMESPACE_FILE)
+            if not os.path.exists(description_path):
+                temp_path = f"{description_path}.{os.getpid()}.{threading.get_ident()}.tmp"
+                with open(temp_path, "w") as description:
+                    json.dump(namespace.describe() | {"digest": namespace.digest.hex()}, description)
+                    description.flush()
+                    if self.durable:
+                        os.fsync(description.fileno())
+                os.replace(temp_path, description_path)
+                if self.durable:
+                    _fsync_dir(directory)
+                    _fsync_dir(os.path.dirname(directory))
+            self._namespaces[namespace.dirname] = namespace
+            return namespace
+
+    def _ns_dir(self, namespace: Namespace) -> str:
+        return os.path.join(self.root, "ns", namespace.dirname)
+
+    def _cipher(self, tenant: str) -> RecordCipher | None:
+        if self._master_key is None:
+            return None
+        cipher = self._ciphers.get(tenant)
+        if cipher is None:
+            cipher = RecordCipher(derive_tenant_key(self._master_key, tenant))
+            self._ciphers[tenant] = cipher
+        return cipher
+
+    # ----------------------------------------------------------------- reads
+
+    def get_into(self, namespace: Namespace, key: str, out) -> bool:
+        """Fills `out` (a writable buffer of exactly the record's raw size) with the record's
+        verified bytes. False on a miss of any kind; `out` is then undefined."""
+        self.counters.add("gets")
+        ok = self._get_into_guarded(namespace, key, out)
+        if ok:
+            self._index.touch((namespace.dirname, record_filename(key)))
+        return ok
+
+    def get(self, namespace: Namespace, key: str, expected_size: int) -> bytes | None:
+        buffer = bytearray(expected_size)
+        return bytes(buffer) if self.get_into(namespace, key, buffer) else None
+
+    def get_many_into(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
+        """get_into for many records, spread over the I/O threads."""
+        if len(keys) != len(outs):
+            return [False] * len(keys)
+        self.counters.add("gets", len(keys))
+        results = self._parallel(
+            lambda index: self._get_into_guarded(namespace, keys[index], outs[index]), len(keys)
+        )
+        self._index.touch_many_head_last(
+            [(namespace.dirname, record_filename(k)) for k, ok in zip(keys, results) if ok]
+        )
+        return results
+
+    def _get_into_guarded(self, namespace: Namespace, key: str, out) -> bool:
+        try:
+            self._read_record(namespace, key, out)
+        except FileNotFoundError:
+            self.counters.add("misses")
+            return False
+        except fmt.FormatError as error:
+            self._on_bad_record(namespace, key, error)
+            return False
+        except OSError as error:
+            self.counters.add("io_errors")
+            self.counters.add("misses")
+            self._warn.warning("read-io", "galahad: I/O error reading %s: %s", key, error)
+            return False
+        except Exception as error:  # never raise into the caller
+            self.counters.add("misses")
+            self._warn.warning("read-bug", "galahad: unexpected read failure: %r", error)
+            return False
+        self.counters.add("hits")
+        return True
+
+    def _on_bad_record(self, namespace: Namespace, key: str, error: fmt.FormatError) -> None:
+        foreign = isinstance(error, fmt.NamespaceMismatchError | fmt.KeyMismatchError)
+        self.counters.add("foreign" if foreign else "corrupt")
+        self.counters.add("misses")
+        self._warn.warning(
+            f"bad-{error.rule}",
+            "galahad: record %s failed %s (%s): treated as a miss and quarantined",
+            key,
+            error.rule,
+            error,
+        )
+        self.quarantine(namespace, key, getattr(error, "inode", None))
+
+    def _read_record(self, namespace: Namespace, key: str, out) -> None:
+        out_view = memoryview(out).cast("B")
+        key_bytes = fmt.encode_key(key)
+        path = os.path.join(self._ns_dir(namespace), record_filename(key))
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            info = os.fstat(fd)
+            try:
+                self._read_verified(fd, info.st_size, namespace, key_bytes, out_view)
+            except fmt.FormatError as error:
+                error.inode = info.st_ino
+                raise
+            if time.time() - info.st_mtime > TOUCH_GRANULARITY_S:
+                os.utime(fd)  # persists recency for eviction after a restart
+        finally:
+            os.close(fd)
+        self.counters.add("get_bytes", len(out_view))
+
+    def _read_verified(self, fd, file_len, namespace, key_bytes, out_view) -> None:
+        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+        header = fmt.parse_header(prefix, file_len)
+        fmt.check_identity(
+            header,
+            key=key_bytes,
+            namespace=namespace.digest,
+            require_encryption=self._master_key is not None,
+            allow_unverified=self.allow_unverified,
+        )
+        if header.raw_len != len(out_view):
+            raise fmt.RawSizeError(f"record holds {header.raw_len} bytes, reader expects {len(out_view)}")
+        header_bytes = prefix[: header.header_len]
+        if not header.compressed and not header.encrypted:
+            self._read_plain_into(fd, header, header_bytes, out_view)
+            return
+        payload = bytearray(header.payload_len)
+        if os.preadv(fd, [payload], header.header_len) != header.payload_len:
+            raise fmt.LengthMismatchError("record shrank while being read")
+        fmt.verify_digest(header, header_bytes, [payload])
+        body = payload
+        if header.encrypted:
+            cipher = self._cipher(namespace.tenant)
+            if cipher is None:
+                raise fmt.AuthenticationError("encrypted record and no encryption key configured")
+            body = cipher.open(header.nonce, payload, bytes(header_bytes))
+            if body is None:
+                raise fmt.AuthenticationError("AES-GCM tag does not verify")
+        if header.compressed:
+            body = self._decompress(body, header.raw_len)
+        if len(body) != header.raw_len:
+            raise fmt.DecompressionError("payload does not decode to its raw length")
+        out_view[:] = body
+
+    def _read_plain_into(self, fd, header, header_bytes, out_view) -> None:
+        """Reads straight into the caller's buffer, hashing each chunk while it is in cache."""
+        hasher = fmt.new_digest(header.digest_alg)
+        if hasher is not None:
+            fmt.hash_header(hasher, header_bytes)
+        offset = 0
+        total = len(out_view)
+        while offset < total:
+            chunk = out_view[offset : offset + READ_CHUNK_BYTES]
+            read = os.preadv(fd, [chunk], header.header_len + offset)
+            if read <= 0:
+                raise fmt.LengthMismatchError("record shrank while being read")
+            if hasher is not None:
+                hasher.update(chunk[:read])
+            offset += read
+        if hasher is not None and hasher.digest() != header.digest:
+            raise fmt.DigestMismatchError("digest mismatch")
+
+    def _decompress(self, payload, raw_len: int) -> bytes:
+        import zstandard
+
+        if self._codecs.decompressor is None:
+            self._codecs.decompressor = zstandard.ZstdDecompressor()
+        try:
+            return self._codecs.decompressor.decompress(payload, max_output_size=raw_len)
+        except zstandard.ZstdError as error:
+            raise fmt.DecompressionError(str(error)) from error
+
+    def contains(self, namespace: Namespace, key: str) -> bool:
+        """Whether a record file exists (cheap; the read still verifies everything)."""
+        try:
+            return os.path.exists(os.path.join(self._ns_dir(namespace), record_filename(key)))
+        except Exception:
+            return False
+
+    def leading_run(self, namespace: Namespace, keys: list) -> int:
+        """How many keys from the start have a record."""
+        for index, key in enumerate(keys):
+            if not self.contains(namespace, key):
+                return index
+        return len(keys)
+
+    def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
+        """Reads and verifies a record completely, without keeping its bytes."""
+        return self._get_into_guarded(namespace, key, bytearray(expected_size))
+
+    # ----------------------------------------------------------------- writes
+
+    def put(self, namespace: Namespace, key: str, data) -> bool:
+        """Publishes `data` under `key` atomically and durably. True if the record is (or
+        already was) stored; False if it could not be, with nothing partial left behind."""
+        ok = self._put_guarded(namespace, key, data)
+        if ok and self.durable:
+            ok = self._sync_dir(namespace)
+        return ok
+
+    def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
+        if len(keys) != len(datas):
+            return [False] * len(keys)
+        results = self._parallel(
+            lambda index: self._put_guarded(namespace, keys[index], datas[index]), len(keys)
+        )
+        if self.durable and any(results) and not self._sync_dir(namespace):
+            return [False] * len(keys)
+        self._index.touch_many_head_last(
+            [(namespace.dirname, record_filename(k)) for k, ok in zip(keys, results) if ok]
+        )
+        return results
+
+    def _sync_dir(self, namespace: Namespace) -> bool:
+        try:
+            _fsync_dir(self._ns_dir(namespace))
+            return True
+        except OSError as error:
+            self.counters.add("io_errors")
+            self._warn.warning("dir-fsync", "galahad: directory fsync failed: %s", error)
+            return False
+
+    def _put_guarded(self, namespace: Namespace, key: str, data) -> bool:
+        try:
+            ok = self._put_record(namespace, key, data)
+        except Exception as error:  # never raise into the caller
+            ok = False
+            self._warn.warning("write-bug", "galahad: unexpected write failure: %r", error)
+        if not ok:
+            self.counters.add("puts_failed")
+        return ok
+
+    def _existing_is_sound(self, namespace: Namespace, key_bytes: bytes, path: str) -> bool | None:
+        """None if no record exists; True if it passes the header checks; False otherwise."""
+        try:
+            fd = os.open(path, os.O_RDONLY)
+        except FileNotFoundError:
+            return None
+        try:
+            info = os.fstat(fd)
+            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+            header = fmt.parse_header(prefix, info.st_size)
+            fmt.check_identity(
+                header,
+                key=key_bytes,
+                namespace=namespace.digest,
+                require_encryption=self._master_key is not None,
+                allow_unverified=self.allow_unverified,
+            )
+            return True
+        except fmt.FormatError:
+            return False
+        finally:
+            os.close(fd)
+
+    def _put_record(self, namespace: Namespace, key: str, data) -> bool:
+        key_bytes = fmt.encode_key(key)
+        directory = self._ns_dir(namespace)
+        filename = record_filename(key)
+        path = os.path.join(directory, filename)
+        sound = self._existing_is_sound(namespace, key_bytes, path)
+        if sound:
+            self.counters.add("puts_existing")
+            self._index.touch((namespace.dirname, filename))
+            return True
+        if sound is False:
+            self.quarantine(namespace, key)
+
+        header, payload_chunks = self._encode(namespace, key_bytes, memoryview(data).cast("B"))
+        total_bytes = len(header) + sum(len(chunk) for chunk in payload_chunks)
+        if not self._reserve(total_bytes):
+            self.counters.add("no_space")
+            return False
+        temp_path = os.path.join(
+            directory, f"{TEMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{filename}"
+        )
+        published = False
+        try:
+            fd = os.open(temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            try:
+                self._write_all(fd, [header, *payload_chunks])
+                if self.durable:
+                    os.fsync(fd)
+            finally:
+                os.close(fd)
+            try:
+                os.link(temp_path, path)  # publish without ever replacing a record
+                published = True
+            except FileExistsError:
+                self.counters.add("puts_existing")
+        except OSError as error:
+            self.counters.add("no_space" if error.errno == errno.ENOSPC else "io_errors")
+            self._warn.warning("write-io", "galahad: write of %s failed: %s", key, error)
+            return False
+        finally:
+            self._unlink_quietly(temp_path)
+            self._end_reservation(total_bytes, keep=published)
+        if published:
+            self._index.add((namespace.dirname, filename), total_bytes)
+            self.counters.add("puts")
+            self.counters.add("put_bytes", total_bytes)
+        return True
+
+    @staticmethod
+    def _write_all(fd, buffers) -> None:
+        views = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
+        while views:
+            written = os.writev(fd, views)
+            while views and written >= len(views[0]):
+                written -= len(views[0])
+                views.pop(0)
+            if views and written:
+                views[0] = views[0][written:]
+
+    def _encode(self, namespace: Namespace, key_bytes: bytes, raw: memoryview):
+        flags = 0
+        body = raw
+        if self.compression == "zstd":
+            compressed = self._compress(raw)
+            if len(compressed) <= len(raw) * (1 - COMPRESSION_MIN_SAVING):
+                flags |= fmt.FLAG_ZSTD
+                body = memoryview(compressed)
+        cipher = self._cipher(namespace.tenant)
+        if cipher is not None:
+            flags |= fmt.FLAG_AES256_GCM
+            nonce = cipher.new_nonce()
+            header = fmt.pack_header(
+                flags=flags,
+                payload_len=len(body) + fmt.TAG_BYTES,
+                raw_len=len(raw),
+                namespace=namespace.digest,
+                key=key_bytes,
+                digest_alg=fmt.DIGEST_NONE,
+                nonce=nonce,
+            )
+            return header, [cipher.seal(nonce, body, bytes(header))]
+        header = fmt.pack_header(
+            flags=flags,
+            payload_len=len(body),
+            raw_len=len(raw),
+            namespace=namespace.digest,
+            key=key_bytes,
+            digest_alg=self.digest_alg,
+        )
+        fmt.seal_digest(header, [body], self.digest_alg)
+        return header, [body]
+
+    def _compress(self, raw) -> bytes:
+        import zstandard
+
+        if self._codecs.compressor is None:
+            self._codecs.compressor = zstandard.ZstdCompressor(level=self.zstd_level)
+        return self._codecs.compressor.compress(raw)
+
+    # ----------------------------------------------------------------- budget
+
+    def _free_bytes(self) -> int:
+        stats = os.statvfs(self.root)
+        return stats.f_bavail * stats.f_frsize
+
+    def _reserve(self, amount: int) -> bool:
+        """Claims `amount` bytes of budget, evicting least-recently-used records as needed."""
+        while not self._ledger.reserve(amount, self.max_bytes):
+            if not self._evict_one():
+                return False
+        with self._pending_lock:
+            self._pending_bytes += amount
+        try:
+            while self.min_free_bytes and (
+                self._free_bytes() - self._pending_bytes < self.min_free_bytes
+            ):
+                if not self._evict_one():
+                    self._end_reservation(amount, keep=False)
+                    return False
+        except OSError:
+            self._end_reservation(amount, keep=False)
+            return False
+        return True
+
+    def _end_reservation(self, amount: int, *, keep: bool) -> None:
+        with self._pending_lock:
+            self._pending_bytes -= amount
+        if not keep:
+            self._ledger.release(amount)
+
+    def _evict_one(self) -> bool:
+        """Deletes the least recently used record (quarantined files first)."""
+        if self._trim_quarantine(keep_files=0, max_files=1):
+            return True
+        victim = self._index.pop_oldest()
+        if victim is None:
+            # Records other processes wrote since we opened are not indexed yet.
+            entries, _ = self._scan(remove_temps_of_dead=False, assume_alone=False)
+            if not entries:
+                return False
+            entries.sort(key=lambda entry: entry[2])
+            self._index.load((location, size) for location, size, _ in entries)
+            victim = self._index.pop_oldest()
+            if victim is None:
+                return False
+        (dirname, filename), _ = victim
+        path = os.path.join(self.root, "ns", dirname, filename)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+        except FileNotFoundError:
+            return True  # someone else removed it (and released its bytes)
+        self._ledger.release(size)
+        self.counters.add("evictions")
+        self.counters.add("evicted_bytes", size)
+        return True
+
+    # ----------------------------------------------------------------- quarantine
+
+    def quarantine(self, namespace: Namespace, key: str, inode: int | None = None) -> None:
+        """Moves a damaged record aside (its bytes stay counted until trimmed)."""
+        filename = record_filename(key)
+        path = os.path.join(self._ns_dir(namespace), filename)
+        target = os.path.join(
+            self.root, "quarantine", f"{time.time_ns()}-{namespace.dirname}-{filename}"
+        )
+        try:
+            if inode is not None and os.stat(path).st_ino != inode:
+                return  # replaced by a fresh record since we read it
+            os.rename(path, target)
+        except OSError:
+            return
+        self._index.discard((namespace.dirname, filename))
+        self.counters.add("quarantined")
+        self._trim_quarantine(keep_files=QUARANTINE_KEEP_FILES)
+
+    def _trim_quarantine(self, keep_files: int, max_files: int | None = None) -> int:
+        directory = os.path.join(self.root, "quarantine")
+        try:
+            names = sorted(os.listdir(directory))
+        except OSError:
+            return 0
+        victims = names[: max(0, len(names) - keep_files)]
+        if max_files is not None:
+            victims = victims[:max_files]
+        removed = 0
+        for name in victims:
+            path = os.path.join(directory, name)
+            try:
+                size = os.stat(path).st_size
+                os.unlink(path)
+            except OSError:
+                continue
+            self._ledger.release(size)
+            removed += 1
+        return removed
+
+    # ----------------------------------------------------------------- maintenance
+
+    def delete(self, namespace: Namespace, key: str) -> bool:
+        filename = record_filename(key)
+        path = os.path.join(self._ns_dir(namespace), filename)
+        try:
+            size = os.stat(path).st_size
+            os.unlink(path)
+        except OSError:
+            return False
+        self._index.discard((namespace.dirname, filename))
+        self._ledger.release(size)
+        return True
+
+    def clear_namespace(self, namespace: Namespace) -> int:
+        """Deletes every record of one namespace; returns how many."""
+        directory = self._ns_dir(namespace)
+        removed = 0
+        try:
+            entries = list(os.scandir(directory))
+        except FileNotFoundError:
+            return 0
+        for entry in entries:
+            if not entry.name.endswith(RECORD_SUFFIX):
+                continue
+            try:
+                size = entry.stat(follow_symlinks=False).st_size
+                os.unlink(entry.path)
+            except OSError:
+                continue
+            self._index.discard((namespace.dirname, entry.name))
+            self._ledger.release(size)
+            removed += 1
+        return removed
+
+    def usage_bytes(self) -> int:
+        return self._ledger.read()
+
+    def stats(self) -> dict:
+        return self.counters.snapshot() | {
+            "ledger_bytes": self._ledger.read(),
+            "indexed_records": len(self._index),
+        }
+
+    def check(self, fix: bool = False) -> CheckReport:
+        """Verifies every record of every namespace under root. With fix: quarantines damaged
+        records, removes temp files of dead writers and corrects the ledger."""
+        report = CheckReport()
+        ns_root = os.path.join(self.root, "ns")
+        for ns_entry in sorted(os.scandir(ns_root), key=lambda e: e.name):
+            if not ns_entry.is_dir(follow_symlinks=False):
+                continue
+            namespace = self._load_namespace(ns_entry.path)
+            for entry in sorted(os.scandir(ns_entry.path), key=lambda e: e.name):
+                if entry.name.startswith(TEMP_PREFIX):
+                    if self._temp_is_stale(entry):
+                        report.stray_temp_files.append(entry.path)
+                        if fix:
+                            self._unlink_quietly(entry.path)
+                    continue
+                if not entry.name.endswith(RECORD_SUFFIX):
+                    continue
+                problem = self._check_file(entry.path, ns_entry.name, namespace)
+                if problem is None:
+                    report.records += 1
+                    report.record_bytes += entry.stat().st_size
+                elif problem == "unverifiable":
+                    report.unverifiable.append(entry.path)
+                    report.records += 1
+                    report.record_bytes += entry.stat().st_size
+                else:
+                    report.damaged.append((entry.path, problem))
+                    if fix:
+                        self._quarantine_path(entry.path, ns_entry.name)
+        if fix:
+            self._trim_quarantine(keep_files=QUARANTINE_KEEP_FILES)
+        _, actual_bytes = self._scan(remove_temps_of_dead=False, assume_alone=False)
+        report.quarantined_files = len(os.listdir(os.path.join(self.root, "quarantine")))
+        report.ledger_bytes = self._ledger.read()
+        report.actual_bytes = actual_bytes
+        if fix:
+            self._ledger.set(actual_bytes)
+            report.ledger_bytes = actual_bytes
+            report.fixed = True
+        return report
+
+    @staticmethod
+    def _load_namespace(directory: str) -> Namespace | None:
+        try:
+            with open(os.path.join(directory, NAMESPACE_FILE)) as description:
+                data = json.load(description)
+            namespace = Namespace(
+                data["tenant"], data["model_fingerprint"], data["pool"], data.get("geometry", {})
+            )
+        except (OSError, ValueError, KeyError, TypeError):
+            return None
+        return namespace if namespace.dirname == os.path.basename(directory) else None
+
+    def _check_file(self, path: str, dirname: str, namespace: Namespace | None) -> str | None:
+        """None if sound, "unverifiable" if sealed with a key we lack, else the problem."""
+        try:
+            with open(path, "rb") as record:
+                data = record.read()
+            header = fmt.parse_header(data, len(data))
+            if header.namespace.hex()[:32] != dirname:
+                raise fmt.NamespaceMismatchError("record is in another namespace's directory")
+            if namespace is not None and header.namespace != namespace.digest:
+                raise fmt.NamespaceMismatchError("record namespace differs from namespace.json")
+            key = header.key.decode("utf-8", errors="replace")
+            if record_filename(key) != os.path.basename(path):
+                raise fmt.KeyMismatchError("file name does not match the record's key")
+            payload = memoryview(data)[header.header_len :]
+            fmt.verify_digest(header, data[: header.header_len], [payload])
+            if header.encrypted:
+                if namespace is None or self._master_key is None:
+                    return "unverifiable"
+                body = self._cipher(namespace.tenant).open(
+                    header.nonce, payload, data[: header.header_len]
+                )
+                if body is None:
+                    raise fmt.AuthenticationError("AES-GCM tag does not verify")
+            elif header.digest_alg == fmt.DIGEST_NONE:
+                return "unverifiable"
+            else:
+                body = payload
+            if header.compressed:
+                body = self._decompress(body, header.raw_len)
+            if len(body) != header.raw_len:
+                raise fmt.DecompressionError("payload does not decode to its raw length")
+        except fmt.FormatError as error:
+            return f"{error.rule}: {error}"
+        except OSError as error:
+            return f"unreadable: {error}"
+        return None
+
+    def _quarantine_path(self, path: str, dirname: str) -> None:
+        target = os.path.join(
+            self.root, "quarantine", f"{time.time_ns()}-{dirname}-{os.path.basename(path)}"
+        )
+        try:
+            os.rename(path, target)
+        except OSError:
+            return
+        self._index.discard((dirname, os.path.basename(path)))
+        self.counters.add("quarantined")
+
+    # ----------------------------------------------------------------- plumbing
+
+    def _parallel(self, work, count: int) -> list[bool]:
+        """Runs work(i) for i in range(count) over the I/O threads in contiguous slices."""
+        if count == 0:
+            return []
+        slices = min(self._io_threads, count)
+        if slices == 1:
+            return [work(index) for index in range(count)]
+        bounds = [count * part // slices for part in range(slices + 1)]
+
+        def run_slice(part):
+            return [work(index) for index in range(bounds[part], bounds[part + 1])]
+
+        results = []
+        for slice_results in self._pool.map(run_slice, range(slices)):
+            results.extend(slice_results)
+        return results
+
+    @staticmethod
+    def _unlink_quietly(path: str) -> None:
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self._pool.shutdown(wait=True)
+        self._ledger.close()
+        os.close(self._presence_fd)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
