@@ -4,36 +4,28 @@ Pure Python: importing this package never imports torch or SGLang, so the policy
 read, tested and reused without a GPU. See docs/CHECKPOINTS.md for the rule it implements.
 """
 
-from checkpoint.grid import (
-    CheckpointGrid,
-    cache_chunk_size,
-    checkpoint_grid,
-    track_grid,
-)
-from checkpoint.policy import (
-    TrailingPagesHits,
-    restorable_boundary,
-    suffix_to_recompute,
-    trailing_pages_hits,
-)
-from checkpoint.state import (
+from checkpoint.errors import (
     BadMagic,
-    ComponentSpec,
     DtypeMismatch,
     GeometryMismatch,
     GridMismatch,
     MalformedHeader,
     PositionMismatch,
-    StateGeometry,
     StateRecordError,
-    StateRecordHeader,
     TrailingBytes,
     TruncatedRecord,
     UnsupportedVersion,
-    pack_state,
-    read_state_header,
-    unpack_state,
 )
+from checkpoint.geometry import ComponentSpec, StateGeometry
+from checkpoint.grid import CheckpointGrid, cache_chunk_size, checkpoint_grid, track_grid
+from checkpoint.policy import (
+    PagesWithState,
+    TrailingPagesHits,
+    restorable_boundary,
+    suffix_to_recompute,
+    trailing_pages_hits,
+)
+from checkpoint.state import StateRecordHeader, pack_state, read_state_header, unpack_state
 
 __all__ = [
     "BadMagic",
@@ -43,6 +35,7 @@ __all__ = [
     "GeometryMismatch",
     "GridMismatch",
     "MalformedHeader",
+    "PagesWithState",
     "PositionMismatch",
     "StateGeometry",
     "StateRecordError",

@@ -295,25 +295,3 @@ def unpack_state(
     _check_geometry(header.geometry, expected_geometry)
     return memoryview(record).cast("B")[header.header_bytes :]
 
-
-__all__ = [
-    "FORMAT_VERSION",
-    "MAGIC",
-    "MAX_HEADER_BYTES",
-    "BadMagic",
-    "ComponentSpec",
-    "DtypeMismatch",
-    "GeometryMismatch",
-    "GridMismatch",
-    "MalformedHeader",
-    "PositionMismatch",
-    "StateGeometry",
-    "StateRecordError",
-    "StateRecordHeader",
-    "TrailingBytes",
-    "TruncatedRecord",
-    "UnsupportedVersion",
-    "pack_state",
-    "read_state_header",
-    "unpack_state",
-]

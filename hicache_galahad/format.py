@@ -251,15 +251,13 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
     if magic != MAGIC:
         raise BadMagicError(f"bad magic {bytes(magic)!r}")
     if version != FORMAT_VERSION:
-        raise UnsupportedVersionError(f"format version {version}, this reader knows {FORMAT_VERSION}")
+        raise UnsupportedVersionError(
+            f"format version {version}, this reader knows {FORMAT_VERSION}"
+        )
     if flags & ~KNOWN_FLAGS or digest_alg not in DIGEST_NAMES:
         raise UnknownFlagsError(f"unknown flags 0x{flags:04x} or digest algorithm {digest_alg}")
     digest_size = DIGEST_SIZES[digest_alg]
-    if (
-        reserved
-        or any(digest[digest_size:])
-        or (not flags & FLAG_AES256_GCM and any(nonce))
-    ):
+    if reserved or any(digest[digest_size:]) or (not flags & FLAG_AES256_GCM and any(nonce)):
         raise NonZeroReservedError("reserved, digest padding or unused nonce bytes are not zero")
     if key_len == 0 or key_len > MAX_KEY_BYTES or header_len != FIXED_HEADER_BYTES + key_len:
         raise BadHeaderLengthError(f"header length {header_len} with key length {key_len}")
@@ -270,9 +268,7 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
             f"record is {file_len} bytes, header says {header_len + payload_len}"
         )
     tag_bytes = TAG_BYTES if flags & FLAG_AES256_GCM else 0
-    if payload_len < tag_bytes or (
-        not flags & FLAG_ZSTD and payload_len - tag_bytes != raw_len
-    ):
+    if payload_len < tag_bytes or (not flags & FLAG_ZSTD and payload_len - tag_bytes != raw_len):
         raise PayloadSizeError(f"payload {payload_len} bytes cannot hold {raw_len} raw bytes")
     if len(prefix) < header_len:
         raise TruncatedHeaderError("key echo is cut short")
@@ -320,3 +316,107 @@ def verify_digest(header: Header, header_bytes, payload_chunks) -> None:
         hasher.update(chunk)
     if hasher.digest() != header.digest:
         raise DigestMismatchError("digest mismatch")
+
+
+def encode_record(
+    raw,
+    *,
+    key: bytes,
+    namespace: bytes,
+    digest_alg: int,
+    compress=None,
+    cipher=None,
+) -> tuple[bytearray, list]:
+    """A record as (header, payload chunks) ready to be written one after the other.
+
+    compress: optional callable raw -> bytes; its output is kept only if it saves at least
+    1/16. cipher: optional object with new_nonce() and seal(nonce, body, header) (AES-GCM);
+    encrypted records carry no digest (the tag covers header and payload).
+    """
+    raw = memoryview(raw).cast("B")
+    flags = 0
+    body = raw
+    if compress is not None:
+        compressed = compress(raw)
+        if len(compressed) <= len(raw) * 15 // 16:
+            flags |= FLAG_ZSTD
+            body = memoryview(compressed)
+    if cipher is not None:
+        nonce = cipher.new_nonce()
+        header = pack_header(
+            flags=flags | FLAG_AES256_GCM,
+            payload_len=len(body) + TAG_BYTES,
+            raw_len=len(raw),
+            namespace=namespace,
+            key=key,
+            digest_alg=DIGEST_NONE,
+            nonce=nonce,
+        )
+        return header, [cipher.seal(nonce, body, bytes(header))]
+    header = pack_header(
+        flags=flags,
+        payload_len=len(body),
+        raw_len=len(raw),
+        namespace=namespace,
+        key=key,
+        digest_alg=digest_alg,
+    )
+    seal_digest(header, [body], digest_alg)
+    return header, [body]
+
+
+def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decompress=None):
+    """The raw page from a verified-length payload: checks V13-V15 and returns the bytes.
+
+    cipher: object with open(nonce, payload, header) -> bytes | None. decompress: callable
+    (payload, raw_len) -> bytes raising DecompressionError on a bad frame.
+    """
+    verify_digest(header, header_bytes, [payload])
+    body = payload
+    if header.encrypted:
+        if cipher is None:
+            raise AuthenticationError("encrypted record and no key for it")
+        body = cipher.open(header.nonce, payload, bytes(header_bytes))
+        if body is None:
+            raise AuthenticationError("AES-GCM tag does not verify")
+    if header.compressed:
+        if decompress is None:
+            raise DecompressionError("compressed record and no decompressor")
+        body = decompress(body, header.raw_len)
+    if len(body) != header.raw_len:
+        raise DecompressionError("payload does not decode to its raw length")
+    return body
+
+
+def decode_record(
+    data,
+    *,
+    key: bytes,
+    namespace: bytes,
+    expected_raw_len: int | None = None,
+    cipher=None,
+    decompress=None,
+    require_encryption: bool = False,
+    allow_unverified: bool = False,
+):
+    """Applies every rule (V1-V16) to a whole record in memory and returns the raw page."""
+    data = memoryview(data).cast("B")
+    header = parse_header(data, len(data))
+    check_identity(
+        header,
+        key=key,
+        namespace=namespace,
+        require_encryption=require_encryption,
+        allow_unverified=allow_unverified,
+    )
+    if expected_raw_len is not None and header.raw_len != expected_raw_len:
+        raise RawSizeError(
+            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
+        )
+    return decode_payload(
+        header,
+        data[: header.header_len],
+        data[header.header_len :],
+        cipher=cipher,
+        decompress=decompress,
+    )

@@ -16,6 +16,7 @@ no partial record behind.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
@@ -43,7 +44,6 @@ QUARANTINE_KEEP_FILES = 32
 READ_CHUNK_BYTES = 1 << 20
 STALE_TEMP_AGE_S = 60.0
 TOUCH_GRANULARITY_S = 60.0
-COMPRESSION_MIN_SAVING = 1 / 16  # keep a compressed payload only if it saves this much
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 _LEDGER = struct.Struct("<Q")
 
@@ -266,10 +266,8 @@ class RecordStore:
                 entries.append(((ns_entry.name, name), info.st_size, info.st_mtime_ns))
                 total_bytes += info.st_size
         for entry in os.scandir(os.path.join(self.root, "quarantine")):
-            try:
+            with contextlib.suppress(FileNotFoundError):
                 total_bytes += entry.stat(follow_symlinks=False).st_size
-            except FileNotFoundError:
-                pass
         return entries, total_bytes
 
     @staticmethod
@@ -301,7 +299,9 @@ class RecordStore:
             if not os.path.exists(description_path):
                 temp_path = f"{description_path}.{os.getpid()}.{threading.get_ident()}.tmp"
                 with open(temp_path, "w") as description:
-                    json.dump(namespace.describe() | {"digest": namespace.digest.hex()}, description)
+                    json.dump(
+                        namespace.describe() | {"digest": namespace.digest.hex()}, description
+                    )
                     description.flush()
                     if self.durable:
                         os.fsync(description.fileno())
@@ -348,7 +348,11 @@ class RecordStore:
             lambda index: self._get_into_guarded(namespace, keys[index], outs[index]), len(keys)
         )
         self._index.touch_many_head_last(
-            [(namespace.dirname, record_filename(k)) for k, ok in zip(keys, results) if ok]
+            [
+                (namespace.dirname, record_filename(k))
+                for k, ok in zip(keys, results, strict=True)
+                if ok
+            ]
         )
         return results
 
@@ -415,7 +419,9 @@ class RecordStore:
             allow_unverified=self.allow_unverified,
         )
         if header.raw_len != len(out_view):
-            raise fmt.RawSizeError(f"record holds {header.raw_len} bytes, reader expects {len(out_view)}")
+            raise fmt.RawSizeError(
+                f"record holds {header.raw_len} bytes, reader expects {len(out_view)}"
+            )
         header_bytes = prefix[: header.header_len]
         if not header.compressed and not header.encrypted:
             self._read_plain_into(fd, header, header_bytes, out_view)
@@ -423,20 +429,13 @@ class RecordStore:
         payload = bytearray(header.payload_len)
         if os.preadv(fd, [payload], header.header_len) != header.payload_len:
             raise fmt.LengthMismatchError("record shrank while being read")
-        fmt.verify_digest(header, header_bytes, [payload])
-        body = payload
-        if header.encrypted:
-            cipher = self._cipher(namespace.tenant)
-            if cipher is None:
-                raise fmt.AuthenticationError("encrypted record and no encryption key configured")
-            body = cipher.open(header.nonce, payload, bytes(header_bytes))
-            if body is None:
-                raise fmt.AuthenticationError("AES-GCM tag does not verify")
-        if header.compressed:
-            body = self._decompress(body, header.raw_len)
-        if len(body) != header.raw_len:
-            raise fmt.DecompressionError("payload does not decode to its raw length")
-        out_view[:] = body
+        out_view[:] = fmt.decode_payload(
+            header,
+            header_bytes,
+            payload,
+            cipher=self._cipher(namespace.tenant),
+            decompress=self._decompress,
+        )
 
     def _read_plain_into(self, fd, header, header_bytes, out_view) -> None:
         """Reads straight into the caller's buffer, hashing each chunk while it is in cache."""
@@ -503,7 +502,11 @@ class RecordStore:
         if self.durable and any(results) and not self._sync_dir(namespace):
             return [False] * len(keys)
         self._index.touch_many_head_last(
-            [(namespace.dirname, record_filename(k)) for k, ok in zip(keys, results) if ok]
+            [
+                (namespace.dirname, record_filename(k))
+                for k, ok in zip(keys, results, strict=True)
+                if ok
+            ]
         )
         return results
 
@@ -609,37 +612,14 @@ class RecordStore:
                 views[0] = views[0][written:]
 
     def _encode(self, namespace: Namespace, key_bytes: bytes, raw: memoryview):
-        flags = 0
-        body = raw
-        if self.compression == "zstd":
-            compressed = self._compress(raw)
-            if len(compressed) <= len(raw) * (1 - COMPRESSION_MIN_SAVING):
-                flags |= fmt.FLAG_ZSTD
-                body = memoryview(compressed)
-        cipher = self._cipher(namespace.tenant)
-        if cipher is not None:
-            flags |= fmt.FLAG_AES256_GCM
-            nonce = cipher.new_nonce()
-            header = fmt.pack_header(
-                flags=flags,
-                payload_len=len(body) + fmt.TAG_BYTES,
-                raw_len=len(raw),
-                namespace=namespace.digest,
-                key=key_bytes,
-                digest_alg=fmt.DIGEST_NONE,
-                nonce=nonce,
-            )
-            return header, [cipher.seal(nonce, body, bytes(header))]
-        header = fmt.pack_header(
-            flags=flags,
-            payload_len=len(body),
-            raw_len=len(raw),
-            namespace=namespace.digest,
+        return fmt.encode_record(
+            raw,
             key=key_bytes,
+            namespace=namespace.digest,
             digest_alg=self.digest_alg,
+            compress=self._compress if self.compression == "zstd" else None,
+            cipher=self._cipher(namespace.tenant),
         )
-        fmt.seal_digest(header, [body], self.digest_alg)
-        return header, [body]
 
     def _compress(self, raw) -> bytes:
         import zstandard
@@ -857,24 +837,17 @@ class RecordStore:
             key = header.key.decode("utf-8", errors="replace")
             if record_filename(key) != os.path.basename(path):
                 raise fmt.KeyMismatchError("file name does not match the record's key")
-            payload = memoryview(data)[header.header_len :]
-            fmt.verify_digest(header, data[: header.header_len], [payload])
-            if header.encrypted:
-                if namespace is None or self._master_key is None:
-                    return "unverifiable"
-                body = self._cipher(namespace.tenant).open(
-                    header.nonce, payload, data[: header.header_len]
-                )
-                if body is None:
-                    raise fmt.AuthenticationError("AES-GCM tag does not verify")
-            elif header.digest_alg == fmt.DIGEST_NONE:
+            if header.encrypted and (namespace is None or self._master_key is None):
                 return "unverifiable"
-            else:
-                body = payload
-            if header.compressed:
-                body = self._decompress(body, header.raw_len)
-            if len(body) != header.raw_len:
-                raise fmt.DecompressionError("payload does not decode to its raw length")
+            if not header.encrypted and header.digest_alg == fmt.DIGEST_NONE:
+                return "unverifiable"
+            fmt.decode_payload(
+                header,
+                data[: header.header_len],
+                memoryview(data)[header.header_len :],
+                cipher=self._cipher(namespace.tenant) if header.encrypted else None,
+                decompress=self._decompress,
+            )
         except fmt.FormatError as error:
             return f"{error.rule}: {error}"
         except OSError as error:
@@ -913,10 +886,8 @@ class RecordStore:
 
     @staticmethod
     def _unlink_quietly(path: str) -> None:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(path)
-        except OSError:
-            pass
 
     def close(self) -> None:
         if self._closed:

@@ -1,0 +1,180 @@
+# TEST HARNESS ONLY -- never shipped in the hicache_galahad package.
+#
+# Writes a small, randomly initialised local model plus a locally trained tokenizer, so SGLang can
+# be started on CPU without downloading anything from a model hub.
+#
+#   python tests/sglang_cpu/make_model.py --arch llama --size tiny --out DIR
+#   python tests/sglang_cpu/make_model.py --arch llama --size demo --out DIR
+#
+# Deterministic for a given --seed: the tokenizer corpus is generated from a seeded RNG and the
+# weights come from torch.manual_seed(seed). New architectures (e.g. qwen3-next for the hybrid
+# tests) are added by writing one builder function and registering it in ARCHES.
+"""Build a local random-init model and a locally trained byte-level BPE tokenizer."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+import sys
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+BOS, EOS, PAD = "<|bos|>", "<|end|>", "<|pad|>"
+ROLE_TOKENS = ["<|system|>", "<|user|>", "<|assistant|>"]
+SPECIAL_TOKENS = [PAD, BOS, EOS, *ROLE_TOKENS]
+
+CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{{ '<|' + message['role'] + '|>\\n' + message['content'] + '<|end|>\\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
+)
+
+_WORDS = (
+    "the a an of to in and or but is are was were be been being have has had do does did "
+    "cache page pages token tokens prefix storage disk memory host device layer layers key "
+    "value values model server request requests prompt response read write hit miss load "
+    "save restore flush evict budget size byte bytes file files record records checksum hash "
+    "chain node tree radix batch batches thread threads queue worker fast slow small large "
+    "first last next previous every each some many few all none one two three four five six "
+    "seven eight nine ten hundred thousand red green blue black white river mountain city "
+    "garden window table chair book letter music story river forest ocean island bridge road "
+    "morning evening night winter summer spring autumn rain snow wind cloud sun moon star "
+    "quickly slowly quietly carefully always never often sometimes today tomorrow yesterday "
+    "run walk jump think write read speak listen build break open close start stop keep "
+    "python torch tensor kernel shape dtype float int bool list dict string number zero"
+).split()
+
+
+def corpus(seed: int, sentences: int) -> list[str]:
+    """A deterministic pseudo-English corpus with digits, punctuation and code-like lines."""
+    rng = random.Random(seed)
+    lines = []
+    for i in range(sentences):
+        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 18))]
+        if rng.random() < 0.2:
+            words.insert(rng.randrange(len(words)), str(rng.randint(0, 99999)))
+        sentence = " ".join(words)
+        sentence = sentence[0].upper() + sentence[1:] + rng.choice([".", ".", "!", "?", ";"])
+        if i % 7 == 0:
+            sentence = f"def f_{i}(x, y={rng.randint(0, 9)}): return x * y + {rng.random():.3f}"
+        lines.append(sentence)
+    return lines
+
+
+def train_tokenizer(vocab_size: int, seed: int):
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        min_frequency=2,
+        special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tok.train_from_iterator(corpus(seed, 4000), trainer=trainer)
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        additional_special_tokens=ROLE_TOKENS,
+        model_max_length=1 << 20,
+    )
+    fast.chat_template = CHAT_TEMPLATE
+    return fast
+
+
+@dataclass(frozen=True)
+class LlamaSize:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    max_position_embeddings: int
+    dtype: str
+
+
+LLAMA_SIZES = {
+    # ~50k parameters: starts in seconds; used by the e2e tests.
+    "tiny": LlamaSize(512, 64, 128, 2, 4, 2, 4096, "float32"),
+    # ~150M parameters: prefill of a few thousand tokens takes seconds on 2 CPU cores.
+    "demo": LlamaSize(8192, 768, 2048, 20, 12, 4, 16384, "bfloat16"),
+}
+
+
+def build_llama(size: str, out: Path, seed: int) -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    spec = LLAMA_SIZES[size]
+    tokenizer = train_tokenizer(spec.vocab_size, seed)
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    dtype = getattr(torch, spec.dtype)
+    torch.manual_seed(seed)
+    model = LlamaForCausalLM(config).to(dtype).eval()
+    model.config.dtype = dtype
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    params = sum(p.numel() for p in model.parameters())
+    return {"arch": "llama", "size": size, "seed": seed, "params": params, "dtype": spec.dtype}
+
+
+ARCHES: dict[str, tuple[Callable[[str, Path, int], dict], tuple[str, ...]]] = {
+    "llama": (build_llama, tuple(LLAMA_SIZES)),
+}
+
+
+def make_model(arch: str, size: str, out: Path | str, seed: int = 0) -> dict:
+    """Write the model into `out` (created if missing). Returns a small summary dict."""
+    if arch not in ARCHES:
+        raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHES)}")
+    builder, sizes = ARCHES[arch]
+    if size not in sizes:
+        raise ValueError(f"unknown size {size!r} for {arch}; known: {list(sizes)}")
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    summary = builder(size, out, seed)
+    (out / "harness_model.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    return summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--arch", default="llama", choices=sorted(ARCHES))
+    parser.add_argument("--size", default="tiny")
+    parser.add_argument("--out", required=True, type=Path)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    summary = make_model(args.arch, args.size, args.out, args.seed)
+    print(json.dumps(summary, sort_keys=True))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
