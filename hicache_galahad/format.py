@@ -318,6 +318,13 @@ def verify_digest(header: Header, header_bytes, payload_chunks) -> None:
         raise DigestMismatchError("digest mismatch")
 
 
+def as_segments(data) -> list[memoryview]:
+    """A buffer, or a list of buffers taken as their concatenation, as byte memoryviews."""
+    if isinstance(data, list | tuple):
+        return [memoryview(segment).cast("B") for segment in data]
+    return [memoryview(data).cast("B")]
+
+
 def encode_record(
     raw,
     *,
@@ -329,40 +336,45 @@ def encode_record(
 ) -> tuple[bytearray, list]:
     """A record as (header, payload chunks) ready to be written one after the other.
 
-    compress: optional callable raw -> bytes; its output is kept only if it saves at least
-    1/16. cipher: optional object with new_nonce() and seal(nonce, body, header) (AES-GCM);
-    encrypted records carry no digest (the tag covers header and payload).
+    raw: a buffer, or a list of buffers (gathered in order, e.g. the strided pieces of a
+    host-pool page). compress: optional callable raw -> bytes; its output is kept only if it
+    saves at least 1/16. cipher: optional object with new_nonce() and seal(nonce, body,
+    header) (AES-GCM); encrypted records carry no digest (the tag covers header and payload).
     """
-    raw = memoryview(raw).cast("B")
+    segments = as_segments(raw)
+    raw_len = sum(len(segment) for segment in segments)
     flags = 0
-    body = raw
-    if compress is not None:
-        compressed = compress(raw)
-        if len(compressed) <= len(raw) * 15 // 16:
-            flags |= FLAG_ZSTD
-            body = memoryview(compressed)
+    body = segments
+    if compress is not None or cipher is not None:
+        joined = segments[0] if len(segments) == 1 else b"".join(segments)
+        body = [joined]
+        if compress is not None:
+            compressed = compress(joined)
+            if len(compressed) <= raw_len * 15 // 16:
+                flags |= FLAG_ZSTD
+                body = [compressed]
     if cipher is not None:
         nonce = cipher.new_nonce()
         header = pack_header(
             flags=flags | FLAG_AES256_GCM,
-            payload_len=len(body) + TAG_BYTES,
-            raw_len=len(raw),
+            payload_len=len(body[0]) + TAG_BYTES,
+            raw_len=raw_len,
             namespace=namespace,
             key=key,
             digest_alg=DIGEST_NONE,
             nonce=nonce,
         )
-        return header, [cipher.seal(nonce, body, bytes(header))]
+        return header, [cipher.seal(nonce, body[0], bytes(header))]
     header = pack_header(
         flags=flags,
-        payload_len=len(body),
-        raw_len=len(raw),
+        payload_len=sum(len(chunk) for chunk in body),
+        raw_len=raw_len,
         namespace=namespace,
         key=key,
         digest_alg=digest_alg,
     )
-    seal_digest(header, [body], digest_alg)
-    return header, [body]
+    seal_digest(header, body, digest_alg)
+    return header, body
 
 
 def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decompress=None):

@@ -42,6 +42,7 @@ TEMP_PREFIX = ".tmp-"
 NAMESPACE_FILE = "namespace.json"
 QUARANTINE_KEEP_FILES = 32
 READ_CHUNK_BYTES = 1 << 20
+IOV_MAX = 1024
 STALE_TEMP_AGE_S = 60.0
 TOUCH_GRANULARITY_S = 60.0
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
@@ -65,6 +66,22 @@ def _pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+def _read_batches(segments):
+    """Groups buffers into preadv calls of about READ_CHUNK_BYTES (large ones are split), so
+    each batch is still in cache when it is hashed."""
+    batch, batch_bytes = [], 0
+    for segment in segments:
+        for offset in range(0, len(segment), READ_CHUNK_BYTES):
+            piece = segment[offset : offset + READ_CHUNK_BYTES]
+            batch.append(piece)
+            batch_bytes += len(piece)
+            if batch_bytes >= READ_CHUNK_BYTES or len(batch) >= IOV_MAX:
+                yield batch
+                batch, batch_bytes = [], 0
+    if batch:
+        yield batch
 
 
 def _fsync_dir(path: str) -> None:
@@ -327,8 +344,9 @@ class RecordStore:
     # ----------------------------------------------------------------- reads
 
     def get_into(self, namespace: Namespace, key: str, out) -> bool:
-        """Fills `out` (a writable buffer of exactly the record's raw size) with the record's
-        verified bytes. False on a miss of any kind; `out` is then undefined."""
+        """Fills `out` with the record's verified bytes. `out` is a writable buffer of exactly
+        the record's raw size, or a list of buffers filled in order (a scattered page).
+        False on a miss of any kind; `out` is then undefined."""
         self.counters.add("gets")
         ok = self._get_into_guarded(namespace, key, out)
         if ok:
@@ -391,14 +409,14 @@ class RecordStore:
         self.quarantine(namespace, key, getattr(error, "inode", None))
 
     def _read_record(self, namespace: Namespace, key: str, out) -> None:
-        out_view = memoryview(out).cast("B")
+        segments = fmt.as_segments(out)
         key_bytes = fmt.encode_key(key)
         path = os.path.join(self._ns_dir(namespace), record_filename(key))
         fd = os.open(path, os.O_RDONLY)
         try:
             info = os.fstat(fd)
             try:
-                self._read_verified(fd, info.st_size, namespace, key_bytes, out_view)
+                self._read_verified(fd, info.st_size, namespace, key_bytes, segments)
             except fmt.FormatError as error:
                 error.inode = info.st_ino
                 raise
@@ -406,9 +424,9 @@ class RecordStore:
                 os.utime(fd)  # persists recency for eviction after a restart
         finally:
             os.close(fd)
-        self.counters.add("get_bytes", len(out_view))
+        self.counters.add("get_bytes", sum(len(segment) for segment in segments))
 
-    def _read_verified(self, fd, file_len, namespace, key_bytes, out_view) -> None:
+    def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
         prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
         header = fmt.parse_header(prefix, file_len)
         fmt.check_identity(
@@ -418,40 +436,46 @@ class RecordStore:
             require_encryption=self._master_key is not None,
             allow_unverified=self.allow_unverified,
         )
-        if header.raw_len != len(out_view):
+        expected_len = sum(len(segment) for segment in segments)
+        if header.raw_len != expected_len:
             raise fmt.RawSizeError(
-                f"record holds {header.raw_len} bytes, reader expects {len(out_view)}"
+                f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
         header_bytes = prefix[: header.header_len]
         if not header.compressed and not header.encrypted:
-            self._read_plain_into(fd, header, header_bytes, out_view)
+            self._read_plain_into(fd, header, header_bytes, segments)
             return
         payload = bytearray(header.payload_len)
         if os.preadv(fd, [payload], header.header_len) != header.payload_len:
             raise fmt.LengthMismatchError("record shrank while being read")
-        out_view[:] = fmt.decode_payload(
-            header,
-            header_bytes,
-            payload,
-            cipher=self._cipher(namespace.tenant),
-            decompress=self._decompress,
-        )
+        body = memoryview(
+            fmt.decode_payload(
+                header,
+                header_bytes,
+                payload,
+                cipher=self._cipher(namespace.tenant),
+                decompress=self._decompress,
+            )
+        ).cast("B")
+        offset = 0
+        for segment in segments:
+            segment[:] = body[offset : offset + len(segment)]
+            offset += len(segment)
 
-    def _read_plain_into(self, fd, header, header_bytes, out_view) -> None:
-        """Reads straight into the caller's buffer, hashing each chunk while it is in cache."""
+    def _read_plain_into(self, fd, header, header_bytes, segments) -> None:
+        """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
         hasher = fmt.new_digest(header.digest_alg)
         if hasher is not None:
             fmt.hash_header(hasher, header_bytes)
-        offset = 0
-        total = len(out_view)
-        while offset < total:
-            chunk = out_view[offset : offset + READ_CHUNK_BYTES]
-            read = os.preadv(fd, [chunk], header.header_len + offset)
-            if read <= 0:
+        position = header.header_len
+        for batch in _read_batches(segments):
+            expected = sum(len(piece) for piece in batch)
+            if os.preadv(fd, batch, position) != expected:
                 raise fmt.LengthMismatchError("record shrank while being read")
+            position += expected
             if hasher is not None:
-                hasher.update(chunk[:read])
-            offset += read
+                for piece in batch:
+                    hasher.update(piece)
         if hasher is not None and hasher.digest() != header.digest:
             raise fmt.DigestMismatchError("digest mismatch")
 
@@ -486,7 +510,8 @@ class RecordStore:
     # ----------------------------------------------------------------- writes
 
     def put(self, namespace: Namespace, key: str, data) -> bool:
-        """Publishes `data` under `key` atomically and durably. True if the record is (or
+        """Publishes `data` (a buffer, or a list of buffers taken in order) under `key`
+        atomically and durably. True if the record is (or
         already was) stored; False if it could not be, with nothing partial left behind."""
         ok = self._put_guarded(namespace, key, data)
         if ok and self.durable:
@@ -565,7 +590,7 @@ class RecordStore:
         if sound is False:
             self.quarantine(namespace, key)
 
-        header, payload_chunks = self._encode(namespace, key_bytes, memoryview(data).cast("B"))
+        header, payload_chunks = self._encode(namespace, key_bytes, data)
         total_bytes = len(header) + sum(len(chunk) for chunk in payload_chunks)
         if not self._reserve(total_bytes):
             self.counters.add("no_space")
@@ -604,14 +629,14 @@ class RecordStore:
     def _write_all(fd, buffers) -> None:
         views = [memoryview(buffer).cast("B") for buffer in buffers if len(buffer)]
         while views:
-            written = os.writev(fd, views)
+            written = os.writev(fd, views[:IOV_MAX])
             while views and written >= len(views[0]):
                 written -= len(views[0])
                 views.pop(0)
             if views and written:
                 views[0] = views[0][written:]
 
-    def _encode(self, namespace: Namespace, key_bytes: bytes, raw: memoryview):
+    def _encode(self, namespace: Namespace, key_bytes: bytes, raw):
         return fmt.encode_record(
             raw,
             key=key_bytes,
