@@ -35,7 +35,6 @@ from checkpoint.errors import (
     GridMismatch,
     MalformedHeader,
     PositionMismatch,
-    StateRecordError,
     TrailingBytes,
     TruncatedRecord,
     UnsupportedVersion,
@@ -294,4 +293,3 @@ def unpack_state(
         )
     _check_geometry(header.geometry, expected_geometry)
     return memoryview(record).cast("B")[header.header_bytes :]
-

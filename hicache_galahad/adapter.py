@@ -22,6 +22,8 @@ from sglang.srt.mem_cache.hicache_storage import (
     PoolTransferResult,
 )
 
+from checkpoint.policy import trailing_pages_hits
+
 from .config import parse_options
 from .fingerprint import resolve_fingerprint
 from .metrics import RateLimitedLog
@@ -325,10 +327,9 @@ class GalahadStorage(HiCacheStorage):
         candidate is read and verified in full, and damaged ones (quarantined by the read) drop
         out until an intact one is found, so the boundary snaps back to an intact state."""
         present = [self.store.contains(binding.namespace, key) for key in keys[:kv_pages]]
-        restorable = set()
-        for length in range(1, kv_pages + 1):
-            if all(present[max(0, length - window) : length]):
-                restorable.add(length)
+        restorable = set(
+            trailing_pages_hits(kv_pages, present.__getitem__, window).restorable_prefix_pages
+        )
         for length in sorted(restorable, reverse=True):
             window_keys = keys[max(0, length - window) : length]
             intact = all(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -220,6 +221,30 @@ def test_boundary_rejects_bad_counts(args, message):
     num_prompt_tokens, num_leading_kv_pages, states = args
     with pytest.raises(ValueError, match=message):
         restorable_boundary(num_prompt_tokens, CheckpointGrid(4, 8), num_leading_kv_pages, states)
+
+
+@settings(max_examples=500, deadline=None)
+@given(scenarios())
+def test_boundary_from_page_capped_keys_is_the_same(scenario):
+    """SGLang queries floor((N-1)/P) page keys; N' = len(keys) * P + 1 gives the same B."""
+    num_prompt_tokens, grid, num_leading_kv_pages, states = scenario
+    num_keys = max(num_prompt_tokens - 1, 0) // grid.page_size_tokens
+    from_keys = restorable_boundary(
+        num_keys * grid.page_size_tokens + 1, grid, num_leading_kv_pages, states
+    )
+    if num_prompt_tokens:
+        assert from_keys == restorable_boundary(
+            num_prompt_tokens, grid, num_leading_kv_pages, states
+        )
+
+
+def test_python_examples_in_checkpoints_doc_run():
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    with open(os.path.join(root, "docs", "CHECKPOINTS.md"), encoding="utf-8") as doc:
+        blocks = re.findall(r"```python\n(.*?)```", doc.read(), flags=re.DOTALL)
+    assert blocks
+    for block in blocks:
+        exec(compile(block, "docs/CHECKPOINTS.md", "exec"), {})
 
 
 # --- suffix_to_recompute ---------------------------------------------------------------
@@ -475,4 +500,3 @@ def test_importing_checkpoint_imports_neither_torch_nor_sglang():
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=60
     )
     assert completed.returncode == 0, completed.stderr
-
