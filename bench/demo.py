@@ -38,12 +38,16 @@ def main() -> None:
         start_s = time.perf_counter()
         read = store.get_many_into(namespace, keys, outs)
         read_s = time.perf_counter() - start_s
-        exact = all(np.array_equal(a, b) for a, b in zip(outs, values))
+        exact = all(np.array_equal(a, b) for a, b in zip(outs, values, strict=True))
         total_gb = pages * page_bytes / 1e9
-        print(f"wrote {sum(written)}/{pages} pages of {page_bytes >> 20} MiB durably: "
-              f"{total_gb / write_s:.2f} GB/s")
-        print(f"after reopen, read {sum(read)}/{pages} verified pages: "
-              f"{total_gb / read_s:.2f} GB/s, byte-exact: {exact}")
+        print(
+            f"wrote {sum(written)}/{pages} pages of {page_bytes >> 20} MiB durably: "
+            f"{total_gb / write_s:.2f} GB/s"
+        )
+        print(
+            f"after reopen, read {sum(read)}/{pages} verified pages: "
+            f"{total_gb / read_s:.2f} GB/s, byte-exact: {exact}"
+        )
         store.close()
     finally:
         shutil.rmtree(root, ignore_errors=True)

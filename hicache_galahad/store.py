@@ -661,6 +661,8 @@ class RecordStore:
 
     def _reserve(self, amount: int) -> bool:
         """Claims `amount` bytes of budget, evicting least-recently-used records as needed."""
+        if self.max_bytes is not None and amount > self.max_bytes:
+            return False  # can never fit: evicting every record first would only lose them
         while not self._ledger.reserve(amount, self.max_bytes):
             if not self._evict_one():
                 return False

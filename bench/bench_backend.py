@@ -1,0 +1,214 @@
+"""GalahadStorage against SGLang's HiCacheFile, the same pages in the same run.
+
+Real SGLang host pools on the CPU (bf16, page_first_direct), driven the way SGLang's cache
+controller drives a backend:
+  - HiCacheFile, generic path: batch_set(keys, [get_data_page(i)]) and, for reads,
+    batch_get(keys, dummy flat pages) then set_from_flat_data_page (its only KV read path);
+  - HiCacheFile v2: batch_set_v2 / batch_get_v2 on the KV pool;
+  - GalahadStorage v1 (zero-copy): batch_set_v1 / batch_get_v1 (records <-> host memory);
+  - GalahadStorage v2: batch_set_v2 / batch_get_v2 on the KV pool.
+Pages of 32 KiB and 8 MiB, warm page cache, alternating rounds, best of each. An in-memory
+copy of the same pages between host slots is the ceiling.
+
+Usage: .venv/bin/python bench/bench_backend.py [--quick]
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+logging.disable(logging.WARNING)
+
+from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
+    HiCacheFile,
+    HiCacheStorageConfig,
+    PoolName,
+    PoolTransfer,
+)
+from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
+from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
+
+from bench.bench_store import machine  # noqa: E402
+
+# (layers, page tokens, kv heads, head dim) giving 32 KiB and 8 MiB bf16 pages
+GEOMETRIES = {"32 KiB": (4, 16, 2, 32), "8 MiB": (32, 64, 8, 64)}
+
+
+def host_pool(layers, page_tokens, heads, head_dim, pages):
+    device = MHATokenToKVPool(
+        pages * page_tokens,
+        page_tokens,
+        torch.bfloat16,
+        heads,
+        head_dim,
+        layers,
+        "cpu",
+        False,
+        start_layer=0,
+        end_layer=layers - 1,
+    )
+    host = MHATokenToKVPoolHost(
+        device.get_device_pool_infos()[0].buffer_info,
+        2.0,
+        0,
+        page_tokens,
+        "page_first_direct",
+        pin_memory=False,
+        device_capacity_tokens=device.size,
+        start_layer=device.start_layer,
+        end_layer=device.end_layer,
+    )
+    del device
+    generator = torch.Generator().manual_seed(0)
+    host.kv_buffer.copy_(torch.randn(host.kv_buffer.shape, generator=generator).to(torch.bfloat16))
+    return host
+
+
+def storage_config(extra: dict) -> HiCacheStorageConfig:
+    return HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=False,
+        model_name="bench-model",
+        extra_config=extra,
+    )
+
+
+def run_geometry(label, layers, page_tokens, heads, head_dim, args, rounds, work) -> None:
+    pages = (64 if args.quick else 256) if label == "32 KiB" else (8 if args.quick else 16)
+    host = host_pool(layers, page_tokens, heads, head_dim, pages)
+    host.register = None
+    page_bytes = host.get_dummy_flat_data_page().numel() * 2
+    keys = [f"{label[:2]}{index:062x}" for index in range(pages)]
+    source = torch.arange(page_tokens, (pages + 1) * page_tokens, dtype=torch.int64)
+    target = torch.arange(
+        (pages + 1) * page_tokens, (2 * pages + 1) * page_tokens, dtype=torch.int64
+    )
+    total_bytes = pages * page_bytes
+    os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = os.path.join(work, "file")
+    file_backend = HiCacheFile(storage_config({}))
+    file_backend.register_mem_pool_host(host)
+    file_backend.register_mem_host_pool_v2(host, PoolName.KV)
+    galahad = StorageBackendFactory.create_backend(
+        "dynamic",
+        storage_config(
+            {
+                "backend_name": "galahad",
+                "module_path": "hicache_galahad",
+                "class_name": "GalahadStorage",
+                "root": os.path.join(work, "galahad"),
+                "model_fingerprint": "bench",
+            }
+        ),
+        host,
+    )
+    galahad.register_mem_pool_host(host)
+    galahad.register_mem_host_pool_v2(host, PoolName.KV)
+
+    def transfer(indices):
+        return [PoolTransfer(name=PoolName.KV, host_indices=indices, keys=keys)]
+
+    def file_generic_set():
+        pages_data = [host.get_data_page(int(i), flat=True) for i in source[::page_tokens]]
+        assert file_backend.batch_set(keys, pages_data)
+
+    def file_generic_get():
+        dummies = [host.get_dummy_flat_data_page() for _ in keys]
+        results = file_backend.batch_get(keys, dummies)
+        for slot, page in zip(target[::page_tokens].tolist(), results, strict=True):
+            host.set_from_flat_data_page(slot, page)
+
+    def copy_ceiling():
+        for src, dst in zip(
+            source[::page_tokens].tolist(), target[::page_tokens].tolist(), strict=True
+        ):
+            host.get_data_page(dst, flat=False).copy_(host.get_data_page(src, flat=False))
+
+    cases = {
+        "HiCacheFile generic": (file_generic_set, file_generic_get),
+        "HiCacheFile v2": (
+            lambda: file_backend.batch_set_v2(transfer(source)),
+            lambda: file_backend.batch_get_v2(transfer(target)),
+        ),
+        "Galahad v1 zero-copy": (
+            lambda: galahad.batch_set_v1(keys, source),
+            lambda: galahad.batch_get_v1(keys, target),
+        ),
+        "Galahad v2": (
+            lambda: galahad.batch_set_v2(transfer(source)),
+            lambda: galahad.batch_get_v2(transfer(target)),
+        ),
+    }
+    best = {name: [float("inf"), float("inf")] for name in cases}
+    best_copy = float("inf")
+    for _ in range(rounds):
+        for name, (write, read) in cases.items():
+            for store_dir in ("file", "galahad"):
+                if name.startswith("HiCacheFile" if store_dir == "file" else "Galahad"):
+                    if store_dir == "file":
+                        file_backend.clear()
+                    else:
+                        galahad.clear()
+            start_s = time.perf_counter()
+            write()
+            best[name][0] = min(best[name][0], time.perf_counter() - start_s)
+            read()  # warm the page cache
+            start_s = time.perf_counter()
+            read()
+            best[name][1] = min(best[name][1], time.perf_counter() - start_s)
+            assert torch.equal(
+                host.kv_buffer[:, 1 : pages + 1].view(torch.uint8),
+                host.kv_buffer[:, pages + 1 : 2 * pages + 1].view(torch.uint8),
+            ), name
+            host.kv_buffer[:, pages + 1 :].zero_()
+        start_s = time.perf_counter()
+        copy_ceiling()
+        best_copy = min(best_copy, time.perf_counter() - start_s)
+    ceiling = total_bytes / best_copy / 1e9
+    file_read = total_bytes / best["HiCacheFile generic"][1] / 1e9
+    file_write = total_bytes / best["HiCacheFile generic"][0] / 1e9
+    print(f"\n## {label} pages x {pages}; in-memory copy {ceiling:.2f} GB/s")
+    print(
+        f"{'backend':22s} {'write':>7s} {'read':>7s} {'read/File':>10s} {'write/File':>10s} {'read/copy':>9s}"
+    )
+    for name, (write_s, read_s) in best.items():
+        read_rate, write_rate = total_bytes / read_s / 1e9, total_bytes / write_s / 1e9
+        print(
+            f"{name:22s} {write_rate:7.2f} {read_rate:7.2f} {read_rate / file_read:9.2f}x "
+            f"{write_rate / file_write:9.2f}x {read_rate / ceiling:9.0%}"
+        )
+    galahad.close()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--quick", action="store_true")
+    args = parser.parse_args()
+    rounds = 2 if args.quick else 4
+    work = tempfile.mkdtemp(prefix="galahad-bench-backend-", dir=os.environ.get("BENCH_DIR"))
+    print(f"# bench_backend on {machine()}")
+    try:
+        for label, geometry in GEOMETRIES.items():
+            run_geometry(label, *geometry, args, rounds, work)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
