@@ -1,0 +1,105 @@
+"""End-to-end proof of the CPU SGLang harness (tests/sglang_cpu/) with HiCache L3 storage.
+
+A real SGLang 0.5.23 server (and an in-process ``sglang.Engine``) runs the tiny local Llama on
+CPU with SGLang's built-in ``file`` storage backend: a prompt is answered, ``/flush_cache`` empties
+the device and host tiers, and the same prompt again must report its page-aligned prefix as
+coming from storage, with identical output tokens and logprobs.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+try:  # tests/ as a plain directory (pytest's default rootdir-relative import) or as a package
+    import e2e_support as e2e
+except ImportError:  # pragma: no cover
+    from tests import e2e_support as e2e
+
+pytestmark = pytest.mark.e2e
+
+PAGE_SIZE = 4
+PROMPT = list(range(10, 53))  # 43 token ids
+# SGLang reuses at most input_len - 1 tokens, aligned down to whole pages: 42 -> 40.
+EXPECTED_STORAGE_HIT = (len(PROMPT) - 1) // PAGE_SIZE * PAGE_SIZE
+MAX_NEW_TOKENS = 4
+LAYOUTS = ["layer_first", "page_first_direct"]
+
+
+@pytest.fixture(scope="session")
+def tiny_model():
+    return e2e.ensure_model("llama", "tiny")
+
+
+def _assert_storage_round_trip(first, second):
+    assert first.cached_tokens == 0, first.meta_info
+    assert second.cached_tokens == EXPECTED_STORAGE_HIT, second.meta_info
+    details = second.cache_details
+    assert details["storage"] == EXPECTED_STORAGE_HIT, details
+    assert details["device"] == 0 and details["host"] == 0, details
+    assert details["storage_backend"] == "HiCacheFile", details
+    assert len(first.output_ids) == MAX_NEW_TOKENS
+    assert second.output_ids == first.output_ids
+    assert second.output_logprobs == first.output_logprobs  # bit-identical
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_server_file_backend_storage_hit(tiny_model, tmp_path, layout):
+    storage = tmp_path / "l3"
+    storage.mkdir()
+    server = e2e.start_server(
+        tiny_model,
+        [*e2e.TINY_SERVER_ARGS, *e2e.hicache_args(layout, page_size=PAGE_SIZE)],
+        env={"SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR": str(storage)},
+        log_path=tmp_path / "server.log",
+    )
+    pgid = server.pgid
+    try:
+        print(f"{layout}: server healthy after {server.startup_s:.1f}s")
+        first = e2e.generate(server, PROMPT, MAX_NEW_TOKENS)
+        # Write-through to L3 is asynchronous and a flush drops queued writes.
+        e2e.wait_for_files(storage, EXPECTED_STORAGE_HIT // PAGE_SIZE)
+        e2e.flush_cache(server)
+        second = e2e.generate(server, PROMPT, MAX_NEW_TOKENS)
+        _assert_storage_round_trip(first, second)
+    finally:
+        server.stop()
+    assert e2e.group_members(pgid) == [], "a server process survived stop()"
+
+
+def test_engine_in_process_file_backend_storage_hit(tiny_model, tmp_path):
+    storage = tmp_path / "l3"
+    storage.mkdir()
+    command = [
+        str(e2e.RUN_SCRIPT), sys.executable, str(e2e.HARNESS_DIR / "engine_roundtrip.py"),
+        "--model", str(tiny_model), "--layout", "page_first_direct",
+        "--storage-dir", str(storage), "--page-size", str(PAGE_SIZE),
+        "--prompt-len", str(len(PROMPT)), "--max-new-tokens", str(MAX_NEW_TOKENS),
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=e2e.REPO_ROOT,
+        env=e2e.harness_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        e2e.kill_process_group(proc.pid, proc, grace_s=10.0)
+    assert e2e.group_members(proc.pid) == []
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    assert proc.returncode == 0 and lines, output[-5000:]
+    result = json.loads(lines[-1][len("RESULT ") :])
+    assert result["flush_success"], result
+
+    def as_result(r: dict) -> e2e.GenerateResult:
+        meta = {k: r[k] for k in ("cached_tokens", "cached_tokens_details")}
+        return e2e.GenerateResult(r["output_ids"], r["output_logprobs"], meta, "", r)
+
+    _assert_storage_round_trip(as_result(result["first"]), as_result(result["second"]))
