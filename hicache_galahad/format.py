@@ -421,14 +421,15 @@ def decode_record(
         require_encryption=require_encryption,
         allow_unverified=allow_unverified,
     )
-    if expected_raw_len is not None and header.raw_len != expected_raw_len:
-        raise RawSizeError(
-            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
-        )
-    return decode_payload(
+    raw = decode_payload(
         header,
         data[: header.header_len],
         data[header.header_len :],
         cipher=cipher,
         decompress=decompress,
     )
+    if expected_raw_len is not None and header.raw_len != expected_raw_len:
+        raise RawSizeError(
+            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
+        )
+    return raw

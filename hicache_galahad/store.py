@@ -229,6 +229,7 @@ class RecordStore:
         self._index = LruIndex()
         self._touched: set = set()
         self._header_templates: dict = {}
+        self._key_proven: set[str] = set()  # namespaces where this key opened a record
         self._digest_bytes = fmt.DIGEST_SIZES[self.digest_alg]
         self._digest_padding = bytes(32 - self._digest_bytes)
         self._namespaces: dict[str, Namespace] = {}
@@ -352,6 +353,8 @@ class RecordStore:
         the record's raw size, or a list of buffers filled in order (a scattered page).
         False on a miss of any kind; `out` is then undefined."""
         self.counters.add("gets")
+        if self._closed:
+            return False
         ok = self._get_into_guarded(namespace, key, out)
         if ok:
             self._index.touch((namespace.dirname, record_filename(key)))
@@ -363,7 +366,7 @@ class RecordStore:
 
     def get_many_into(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
         """get_into for many records, spread over the I/O threads."""
-        if len(keys) != len(outs):
+        if len(keys) != len(outs) or self._closed:
             return [False] * len(keys)
         self.counters.add("gets", len(keys))
         results = self._parallel(
@@ -403,14 +406,30 @@ class RecordStore:
         foreign = isinstance(error, fmt.NamespaceMismatchError | fmt.KeyMismatchError)
         self.counters.add("foreign" if foreign else "corrupt")
         self.counters.add("misses")
+        keep = self._mismatch_of_reader(namespace, error)
         self._warn.warning(
             f"bad-{error.rule}",
-            "galahad: record %s failed %s (%s): treated as a miss and quarantined",
+            "galahad: record %s failed %s (%s): treated as a miss%s",
             key,
             error.rule,
             error,
+            " (kept: the reader's configuration may be what differs)"
+            if keep
+            else " and quarantined",
         )
-        self.quarantine(namespace, key, getattr(error, "inode", None))
+        if not keep:
+            self.quarantine(namespace, key, getattr(error, "inode", None))
+
+    def _mismatch_of_reader(self, namespace: Namespace, error: fmt.FormatError) -> bool:
+        """Failures a wrong configuration of this reader would cause on sound records: a
+        plaintext record in an encrypted store, a page size the reader got wrong, and a tag
+        that fails before any record of the namespace opened with this key (a wrong key).
+        Such records are left in place; only proven damage is quarantined."""
+        if isinstance(error, fmt.ProtectionPolicyError | fmt.RawSizeError):
+            return True
+        if isinstance(error, fmt.AuthenticationError):
+            return namespace.dirname not in self._key_proven
+        return False
 
     def _read_record(self, namespace: Namespace, key: str, out) -> None:
         segments = fmt.as_segments(out)
@@ -432,7 +451,8 @@ class RecordStore:
                     raise
             location = (namespace.dirname, filename)
             if location not in self._touched:
-                os.utime(fd)  # persists recency (once per process) for eviction after a restart
+                with contextlib.suppress(OSError):  # e.g. a read-only mount
+                    os.utime(fd)  # persists recency (once per process) for eviction after restart
                 if len(self._touched) > 1_000_000:
                     self._touched.clear()
                 self._touched.add(location)
@@ -500,12 +520,22 @@ class RecordStore:
             require_encryption=self._master_key is not None,
             allow_unverified=self.allow_unverified,
         )
+        header_bytes = prefix[: header.header_len]
         expected_len = sum(len(segment) for segment in segments)
         if header.raw_len != expected_len:
+            # Damage first (V13-V15), so that only a sound record of another size is V16.
+            payload = bytearray(header.payload_len)
+            os.preadv(fd, [payload], header.header_len)
+            fmt.decode_payload(
+                header,
+                header_bytes,
+                payload,
+                cipher=self._cipher(namespace.tenant),
+                decompress=self._decompress,
+            )
             raise fmt.RawSizeError(
                 f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
-        header_bytes = prefix[: header.header_len]
         if not header.compressed and not header.encrypted:
             self._read_plain_into(fd, header, header_bytes, segments)
             return
@@ -521,6 +551,8 @@ class RecordStore:
                 decompress=self._decompress,
             )
         ).cast("B")
+        if header.encrypted:
+            self._key_proven.add(namespace.dirname)
         offset = 0
         for segment in segments:
             segment[:] = body[offset : offset + len(segment)]
@@ -577,13 +609,15 @@ class RecordStore:
         """Publishes `data` (a buffer, or a list of buffers taken in order) under `key`
         atomically and durably. True if the record is (or
         already was) stored; False if it could not be, with nothing partial left behind."""
+        if self._closed:
+            return False
         ok = self._put_guarded(namespace, key, data)
         if ok and self.durable:
             ok = self._sync_dir(namespace)
         return ok
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
-        if len(keys) != len(datas):
+        if len(keys) != len(datas) or self._closed:
             return [False] * len(keys)
         results = self._parallel(
             lambda index: self._put_guarded(namespace, keys[index], datas[index]), len(keys)
@@ -870,6 +904,8 @@ class RecordStore:
             if not ns_entry.is_dir(follow_symlinks=False):
                 continue
             namespace = self._load_namespace(ns_entry.path)
+            tag_failures = []  # judged once we know whether this key opens any record here
+            key_opened_one = False
             for entry in sorted(os.scandir(ns_entry.path), key=lambda e: e.name):
                 if entry.name.startswith(TEMP_PREFIX):
                     if self._temp_is_stale(entry):
@@ -880,17 +916,28 @@ class RecordStore:
                 if not entry.name.endswith(RECORD_SUFFIX):
                     continue
                 problem = self._check_file(entry.path, ns_entry.name, namespace)
+                if problem is None or problem.startswith(("unverifiable", "V14")):
+                    report.records += 1
+                    report.record_bytes += entry.stat().st_size
                 if problem is None:
-                    report.records += 1
-                    report.record_bytes += entry.stat().st_size
-                elif problem == "unverifiable":
+                    key_opened_one = key_opened_one or self._master_key is not None
+                elif problem.startswith("unverifiable"):
                     report.unverifiable.append(entry.path)
-                    report.records += 1
-                    report.record_bytes += entry.stat().st_size
+                elif problem.startswith("V14"):
+                    tag_failures.append((entry.path, problem))
                 else:
                     report.damaged.append((entry.path, problem))
                     if fix:
                         self._quarantine_path(entry.path, ns_entry.name)
+            for path, problem in tag_failures:
+                if not key_opened_one:  # most likely a wrong key: never destroy on that
+                    report.unverifiable.append(path)
+                    continue
+                report.records -= 1
+                report.record_bytes -= os.path.getsize(path)
+                report.damaged.append((path, problem))
+                if fix:
+                    self._quarantine_path(path, ns_entry.name)
         if fix:
             self._trim_quarantine(keep_files=QUARANTINE_KEEP_FILES)
         _, actual_bytes = self._scan(remove_temps_of_dead=False, assume_alone=False)
@@ -898,10 +945,31 @@ class RecordStore:
         report.ledger_bytes = self._ledger.read()
         report.actual_bytes = actual_bytes
         if fix:
-            self._ledger.set(actual_bytes)
-            report.ledger_bytes = actual_bytes
+            report.ledger_bytes = self._correct_ledger(actual_bytes)
             report.fixed = True
         return report
+
+    def _correct_ledger(self, actual_bytes: int) -> int:
+        """Sets the ledger to the bytes on disk when no other process has the root open.
+        Otherwise it only raises it: writes in flight elsewhere hold reservations that the
+        files on disk do not show yet, and lowering the ledger under them would let the store
+        grow past max_bytes. (An over-count is safe; it is corrected at the next lone open.)"""
+        fcntl.flock(self._presence_fd, fcntl.LOCK_UN)
+        try:
+            fcntl.flock(self._presence_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            alone = True
+        except BlockingIOError:
+            alone = False
+        try:
+            with self._pending_lock:
+                pending = self._pending_bytes
+            if alone:
+                self._ledger.set(actual_bytes + pending)
+            elif self._ledger.read() < actual_bytes:
+                self._ledger.set(actual_bytes)
+            return self._ledger.read()
+        finally:
+            fcntl.flock(self._presence_fd, fcntl.LOCK_SH)
 
     @staticmethod
     def _load_namespace(directory: str) -> Namespace | None:
@@ -929,9 +997,11 @@ class RecordStore:
             if record_filename(key) != os.path.basename(path):
                 raise fmt.KeyMismatchError("file name does not match the record's key")
             if header.encrypted and (namespace is None or self._master_key is None):
-                return "unverifiable"
+                return "unverifiable: sealed, and no key for it"
             if not header.encrypted and header.digest_alg == fmt.DIGEST_NONE:
-                return "unverifiable"
+                return "unverifiable: neither digest nor tag"
+            if not header.encrypted and self._master_key is not None:
+                return "unverifiable: plaintext, refused by this encrypted store (V12)"
             fmt.decode_payload(
                 header,
                 data[: header.header_len],

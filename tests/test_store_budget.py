@@ -8,7 +8,6 @@ import random
 import threading
 import time
 
-import pytest
 from store_helpers import (
     NS_A,
     checked_get,
@@ -251,11 +250,6 @@ def test_a_prefix_chain_is_evicted_tail_first(tmp_path):
         assert present(store, chain) == set(chain[:5])
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="check(fix=True) sets the ledger to the bytes on disk, dropping the reservations "
-    "of writes in flight: once those writes publish, the store can exceed max_bytes",
-)
 def test_check_fix_during_a_write_keeps_the_budget(tmp_path, monkeypatch):
     """A write is held inside os.writev (a pause, not a fault) while check(fix=True) runs."""
     raw = 10_000

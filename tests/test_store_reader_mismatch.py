@@ -1,0 +1,98 @@
+"""Regression tests: a reader's own misconfiguration never destroys sound records, and a few
+operational edge cases (read-only recency update, use after close) stay quiet misses."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from hicache_galahad.namespace import Namespace
+from hicache_galahad.store import RecordStore, record_filename
+
+NS = Namespace("tenant", "model", "kv", {"page_bytes": 4096})
+PAGE = bytes(range(256)) * 16
+
+
+def key_file(path, seed: int) -> str:
+    path.write_bytes(bytes((seed + index) % 256 for index in range(32)))
+    path.chmod(0o600)
+    return str(path)
+
+
+def record_count(root) -> int:
+    return len(list((root / "ns" / NS.dirname).glob("*.rec")))
+
+
+def test_wrong_key_misses_without_quarantining(tmp_path):
+    good = key_file(tmp_path / "good.key", 1)
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=good) as store:
+        store.register_namespace(NS)
+        assert all(store.put_many(NS, ["a", "b", "c"], [PAGE] * 3))
+    wrong = key_file(tmp_path / "wrong.key", 2)
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=wrong) as store:
+        assert store.get(NS, "a", len(PAGE)) is None
+        assert store.get(NS, "b", len(PAGE)) is None
+        report = store.check(fix=True)
+        assert not report.damaged and len(report.unverifiable) == 3
+    assert record_count(tmp_path / "s") == 3
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=good) as store:
+        assert store.get(NS, "c", len(PAGE)) == PAGE
+
+
+def test_tampered_record_is_quarantined_once_the_key_is_proven(tmp_path):
+    good = key_file(tmp_path / "good.key", 1)
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=good) as store:
+        store.register_namespace(NS)
+        assert all(store.put_many(NS, ["a", "b"], [PAGE] * 2))
+        path = tmp_path / "s" / "ns" / NS.dirname / record_filename("b")
+        data = bytearray(path.read_bytes())
+        data[-1] ^= 1
+        path.write_bytes(bytes(data))
+        assert store.get(NS, "a", len(PAGE)) == PAGE  # this key opens records here
+        assert store.get(NS, "b", len(PAGE)) is None
+        assert not path.exists() and store.stats()["quarantined"] == 1
+
+
+def test_plaintext_records_survive_an_encrypted_reader(tmp_path):
+    with RecordStore(str(tmp_path / "s")) as store:
+        store.register_namespace(NS)
+        assert store.put(NS, "a", PAGE)
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=key_file(tmp_path / "k", 3)) as store:
+        assert store.get(NS, "a", len(PAGE)) is None
+        assert not store.check(fix=True).damaged
+    with RecordStore(str(tmp_path / "s")) as store:
+        assert store.get(NS, "a", len(PAGE)) == PAGE
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_reader_expecting_another_size_keeps_the_record(tmp_path, compression):
+    with RecordStore(str(tmp_path / "s"), compression=compression) as store:
+        store.register_namespace(NS)
+        assert store.put(NS, "a", bytes(4096))
+        assert store.get(NS, "a", 4095) is None
+        assert store.get(NS, "a", 4096) == bytes(4096)
+        assert store.stats()["quarantined"] == 0
+
+
+def test_failed_recency_update_is_not_a_miss(tmp_path, monkeypatch):
+    with RecordStore(str(tmp_path / "s")) as store:
+        store.register_namespace(NS)
+        assert store.put(NS, "a", PAGE)
+
+        def read_only(*args, **kwargs):
+            raise OSError(30, "Read-only file system")
+
+        monkeypatch.setattr(os, "utime", read_only)
+        assert store.get(NS, "a", len(PAGE)) == PAGE
+
+
+def test_closed_store_answers_misses(tmp_path):
+    store = RecordStore(str(tmp_path / "s"))
+    store.register_namespace(NS)
+    assert store.put(NS, "a", PAGE)
+    store.close()
+    assert store.get(NS, "a", len(PAGE)) is None
+    assert store.get_many_into(NS, ["a"], [bytearray(len(PAGE))]) == [False]
+    assert store.put_many(NS, ["b"], [PAGE]) == [False]
+    assert store.put(NS, "b", PAGE) is False
