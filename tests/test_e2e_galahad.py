@@ -161,7 +161,8 @@ def test_eviction_keeps_answers_correct_within_budget(tiny_model, tmp_path):
         for prompt, reference in zip(prompts, references, strict=True):
             again = e2e.generate(server, prompt, MAX_NEW_TOKENS)
             assert_same_output(reference, again)
-            on_disk = sum(path.stat().st_size for path in root.glob("*/*/*") if path.is_file())
+            on_disk = sum(path.stat().st_size for path in root.glob("ns/*/*.rec"))
+            on_disk += sum(path.stat().st_size for path in root.glob("ns/*/.tmp-*"))
             on_disk += sum(path.stat().st_size for path in root.glob("quarantine/*"))
             assert on_disk <= budget
         assert_storage_healthy(server)
