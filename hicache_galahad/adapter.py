@@ -49,6 +49,10 @@ def _never_raise(fallback):
     def decorate(method):
         @functools.wraps(method)
         def guarded(self, *args, **kwargs):
+            if self._closed:
+                # The store's file descriptors are closed and their numbers may already belong
+                # to other files: never touch them again.
+                return fallback(self, *args, **kwargs)
             try:
                 return method(self, *args, **kwargs)
             except Exception as error:
@@ -64,6 +68,19 @@ def _never_raise(fallback):
         return guarded
 
     return decorate
+
+
+def _page_bytes(binding, tensor: torch.Tensor) -> memoryview:
+    """The bytes of a flat page given by the caller, refused unless it is exactly one page of
+    the pool: the store takes a size mismatch for a damaged record and would quarantine a sound
+    one (on a read) or publish a record no reader can use (on a write)."""
+    data = _tensor_bytes(tensor)
+    if data.nbytes != binding.page_bytes:
+        raise ValueError(
+            f"a flat page of {data.nbytes} bytes for pool {binding.name}, whose pages are "
+            f"{binding.page_bytes} bytes"
+        )
+    return data
 
 
 def _keys_of(args, kwargs):
@@ -91,6 +108,7 @@ class GalahadStorage(HiCacheStorage):
     def __init__(self, storage_config, extra_kwargs=None):
         self._warn = RateLimitedLog(log)
         self._errors = 0
+        self._closed = False
         self.storage_config = storage_config
         self.options = parse_options(getattr(storage_config, "extra_config", None))
         self.model_name = getattr(storage_config, "model_name", None) or ""
@@ -153,6 +171,13 @@ class GalahadStorage(HiCacheStorage):
                 "model_name": self.model_name,
                 "parallel": self._parallel_coordinates(name),
             }
+            if name != KV:
+                # A state is only ever used together with KV pages of the KV namespace (SGLang
+                # registers the KV pool first), and its value depends on how they were computed
+                # (e.g. the KV dtype): tie it to that namespace, so that another KV geometry
+                # never finds it (an existing state is never rewritten, so it would be kept).
+                kv = self._bindings.get(KV)
+                geometry["kv_namespace"] = kv.namespace.dirname if kv is not None else None
             namespace = self.store.register_namespace(
                 Namespace(self.options.tenant, self.model_fingerprint, name, geometry)
             )
@@ -195,7 +220,7 @@ class GalahadStorage(HiCacheStorage):
     def get(self, key, target_location=None, target_sizes=None):
         binding = self._kv()
         target = self._flat_target(binding, target_location)
-        if self.store.get_into(binding.namespace, key, _tensor_bytes(target)):
+        if self.store.get_into(binding.namespace, key, _page_bytes(binding, target)):
             return target
         return None
 
@@ -207,7 +232,7 @@ class GalahadStorage(HiCacheStorage):
         targets = [self._flat_target(binding, target) for target in target_locations]
         start_s = time.perf_counter()
         results = self.store.get_many_into(
-            binding.namespace, list(keys), [_tensor_bytes(target) for target in targets]
+            binding.namespace, list(keys), [_page_bytes(binding, target) for target in targets]
         )
         self._record("prefetch", results, binding.page_bytes, start_s)
         return [target if ok else None for target, ok in zip(targets, results, strict=True)]
@@ -224,7 +249,8 @@ class GalahadStorage(HiCacheStorage):
     def set(self, key, value=None, target_location=None, target_sizes=None) -> bool:
         if value is None:
             return False
-        return self.store.put(self._kv().namespace, key, _tensor_bytes(value))
+        binding = self._kv()
+        return self.store.put(binding.namespace, key, _page_bytes(binding, value))
 
     @_never_raise(lambda self, *args, **kwargs: False)
     def batch_set(self, keys, values=None, target_locations=None, target_sizes=None) -> bool:
@@ -233,7 +259,7 @@ class GalahadStorage(HiCacheStorage):
         binding = self._kv()
         start_s = time.perf_counter()
         results = self.store.put_many(
-            binding.namespace, list(keys), [_tensor_bytes(value) for value in values]
+            binding.namespace, list(keys), [_page_bytes(binding, value) for value in values]
         )
         self._record("backup", results, binding.page_bytes, start_s)
         return all(results)
@@ -418,6 +444,7 @@ class GalahadStorage(HiCacheStorage):
         return self.store.stats() | {"adapter_errors": self._errors}
 
     def close(self) -> None:
+        self._closed = True
         try:
             self.store.close()
         except Exception as error:
