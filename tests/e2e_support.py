@@ -275,8 +275,10 @@ def start_server(
     *,
     timeout_s: float = DEFAULT_STARTUP_TIMEOUT_S,
     python: str | None = None,
+    harness: bool = True,
 ) -> Server:
-    """Start ``python -m sglang.launch_server --device cpu`` under the CPU harness.
+    """Start ``python -m sglang.launch_server --device cpu`` under the CPU harness (or, with
+    ``harness=False``, stock SGLang on the GPU).
 
     Picks a free loopback port, starts the server in its own process group with stdout and
     stderr going to ``log_path`` (a temporary file if None), and waits until ``/health``
@@ -294,10 +296,11 @@ def start_server(
     log_path.parent.mkdir(parents=True, exist_ok=True)
     model_dir = Path(model_dir)
     command = [
-        str(RUN_SCRIPT), python or sys.executable, "-m", "sglang.launch_server",
-        "--device", "cpu", "--host", "127.0.0.1", "--port", str(port),
-        "--model-path", str(model_dir), *extra_args,
+        python or sys.executable, "-m", "sglang.launch_server",
+        "--host", "127.0.0.1", "--port", str(port), "--model-path", str(model_dir), *extra_args,
     ]  # fmt: skip
+    if harness:  # CPU: the test harness and --device cpu; else stock SGLang on the GPU
+        command = [str(RUN_SCRIPT), *command, "--device", "cpu"]
     started = time.monotonic()
     with open(log_path, "ab") as log:
         proc = subprocess.Popen(

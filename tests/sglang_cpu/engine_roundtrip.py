@@ -7,7 +7,7 @@
 #
 #   tests/sglang_cpu/run python tests/sglang_cpu/engine_roundtrip.py --model DIR \
 #       --layout layer_first --storage-dir DIR        # sets SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR
-"""Engine round trip through the HiCache `file` backend (test harness only)."""
+"""Engine round trip through a HiCache storage backend (test harness only)."""
 
 from __future__ import annotations
 
@@ -53,9 +53,10 @@ def main() -> int:
         hicache_io_backend="direct",
         hicache_mem_layout=args.layout,
         hicache_write_policy="write_through",
-        hicache_storage_backend="file",
+        hicache_storage_backend=args.backend,
         hicache_storage_prefetch_policy="wait_complete",
-        hicache_storage_backend_extra_config=json.dumps({"prefetch_threshold": 4}),
+        hicache_storage_backend_extra_config=args.extra_config
+        or json.dumps({"prefetch_threshold": 4}),
         log_level="warning",
     )
     try:
@@ -65,7 +66,7 @@ def main() -> int:
         # L3 writes are asynchronous and a flush drops queued ones: wait for the prefix pages.
         want = (args.prompt_len - 1) // args.page_size
         deadline = time.monotonic() + 60
-        while len(list(Path(args.storage_dir).glob("*.bin"))) < want:
+        while len(list(Path(args.storage_dir).glob(args.record_glob))) < want:
             if time.monotonic() > deadline:
                 raise TimeoutError(f"fewer than {want} pages written to {args.storage_dir}")
             time.sleep(0.1)

@@ -1,0 +1,120 @@
+"""Serving helpers shared by the restart demo and the TTFT benchmark.
+
+A server runs on the GPU with stock SGLang when one is present, else on the CPU under the test
+harness (tests/sglang_cpu/run: for tests and demos only). Time to first token is measured with
+a streamed /generate: the time from sending the request to the first streamed chunk.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import requests
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO_ROOT / "tests"))
+
+import e2e_support as e2e  # noqa: E402
+
+
+def has_gpu() -> bool:
+    try:
+        import torch
+
+        return torch.cuda.is_available()
+    except Exception:
+        return False
+
+
+def galahad_config(root: Path, **options) -> dict:
+    return {
+        "backend_name": "galahad",
+        "module_path": "hicache_galahad",
+        "class_name": "GalahadStorage",
+        "interface_v1": 1,
+        "root": str(root),
+        **options,
+    }
+
+
+def server_args(storage: str, root: Path | None, *, page_size: int, max_tokens: int) -> list[str]:
+    """Flags for storage in {"none", "file", "galahad"}; every mode keeps the same page size and
+    memory so that only the L3 tier differs."""
+    common = ["--max-total-tokens", str(max_tokens), "--skip-server-warmup"]
+    common += ["--page-size", str(page_size), "--chunked-prefill-size", str(max_tokens)]
+    if storage == "none":
+        return common
+    extra = {"prefetch_threshold": page_size}
+    if storage == "galahad":
+        extra = galahad_config(root) | extra
+        backend = "dynamic"
+    else:
+        extra["file_storage_path"] = str(root)
+        backend = "file"
+    return [
+        *common,
+        *e2e.hicache_args(
+            "page_first_direct", backend=backend, extra_config=extra, page_size=page_size
+        ),
+    ]
+
+
+def start(model_dir: Path, args: list[str], log_path: Path) -> e2e.Server:
+    return e2e.start_server(model_dir, args, log_path=log_path, harness=not has_gpu())
+
+
+@dataclass
+class Timed:
+    ttft_s: float
+    total_s: float
+    output_ids: list[int]
+    meta_info: dict
+
+    @property
+    def storage_tokens(self) -> int:
+        return int((self.meta_info.get("cached_tokens_details") or {}).get("storage", 0))
+
+    @property
+    def cached_tokens(self) -> int:
+        return int(self.meta_info.get("cached_tokens") or 0)
+
+
+def stream_generate(server: e2e.Server, prompt, max_new_tokens: int) -> Timed:
+    """Greedy generation, streamed; TTFT is the arrival of the first chunk."""
+    body = {
+        "sampling_params": {
+            "temperature": 0.0,
+            "max_new_tokens": max_new_tokens,
+            "ignore_eos": True,
+        },
+        "stream": True,
+    }
+    body["input_ids" if isinstance(prompt, list) else "text"] = prompt
+    start_s = time.perf_counter()
+    ttft_s = None
+    last = {}
+    with requests.post(server.url + "/generate", json=body, stream=True, timeout=1800) as response:
+        response.raise_for_status()
+        for line in response.iter_lines():
+            if not line.startswith(b"data:"):
+                continue
+            payload = line[5:].strip()
+            if payload == b"[DONE]":
+                break
+            if ttft_s is None:
+                ttft_s = time.perf_counter() - start_s
+            last = json.loads(payload)
+    total_s = time.perf_counter() - start_s
+    return Timed(
+        ttft_s or total_s, total_s, list(last.get("output_ids") or []), last.get("meta_info", {})
+    )
+
+
+def wait_for_records(root: Path, at_least: int, pattern: str, timeout_s: float = 300) -> None:
+    e2e.wait_for(
+        lambda: len(list(root.glob(pattern))) >= at_least, timeout_s, f"{at_least} {pattern}"
+    )
