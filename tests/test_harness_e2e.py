@@ -8,6 +8,7 @@ coming from storage, with identical output tokens and logprobs.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -19,7 +20,10 @@ try:  # tests/ as a plain directory (pytest's default rootdir-relative import) o
 except ImportError:  # pragma: no cover
     from tests import e2e_support as e2e
 
-pytestmark = pytest.mark.e2e
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang not installed"),
+]
 
 PAGE_SIZE = 4
 PROMPT = list(range(10, 53))  # 43 token ids

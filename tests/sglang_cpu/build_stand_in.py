@@ -27,7 +27,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-LOADER_OVERRIDES = '''
+LOADER_OVERRIDES = """
 
 # --- appended by tests/sglang_cpu/build_stand_in.py (CPU test stand-in only) ---
 # Load no compiled library: an empty namespace replaces common_ops, and there is no CUDA
@@ -41,7 +41,7 @@ def _load_architecture_specific_ops():
 
 def _preload_cuda_library():
     return None
-'''
+"""
 
 
 def installed_package_dir() -> Path:

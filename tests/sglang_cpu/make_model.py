@@ -18,7 +18,7 @@ import json
 import random
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 BOS, EOS, PAD = "<|bos|>", "<|end|>", "<|pad|>"
@@ -32,7 +32,7 @@ CHAT_TEMPLATE = (
     "{% if add_generation_prompt %}{{ '<|assistant|>\\n' }}{% endif %}"
 )
 
-_WORDS = (
+_WORDS = (  # noqa: SIM905 -- a word list is easier to read as one string
     "the a an of to in and or but is are was were be been being have has had do does did "
     "cache page pages token tokens prefix storage disk memory host device layer layers key "
     "value values model server request requests prompt response read write hit miss load "
@@ -48,12 +48,26 @@ _WORDS = (
 ).split()
 
 
+_SYLLABLES = (  # noqa: SIM905
+    "ka ri to mu ne sa lo vi de ga pe zu ha ni ro ta me su ko ba li ya fe do wa qui "
+    "str an en in on un ar er ir or ur al el il ol ul ack eck ick ock uck ing ang ong"
+).split()
+
+
 def corpus(seed: int, sentences: int) -> list[str]:
-    """A deterministic pseudo-English corpus with digits, punctuation and code-like lines."""
+    """A deterministic pseudo-English corpus with digits, punctuation and code-like lines.
+
+    Real words plus seeded pseudo-words (syllable strings), so BPE training can reach a
+    vocabulary of several thousand tokens.
+    """
     rng = random.Random(seed)
+    pseudo = ["".join(rng.choices(_SYLLABLES, k=rng.randint(2, 4))) for _ in range(6000)]
     lines = []
     for i in range(sentences):
-        words = [rng.choice(_WORDS) for _ in range(rng.randint(4, 18))]
+        words = [
+            rng.choice(_WORDS) if rng.random() < 0.6 else rng.choice(pseudo)
+            for _ in range(rng.randint(4, 18))
+        ]
         if rng.random() < 0.2:
             words.insert(rng.randrange(len(words)), str(rng.randint(0, 99999)))
         sentence = " ".join(words)
@@ -78,7 +92,7 @@ def train_tokenizer(vocab_size: int, seed: int):
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
-    tok.train_from_iterator(corpus(seed, 4000), trainer=trainer)
+    tok.train_from_iterator(corpus(seed, 20000), trainer=trainer)
     fast = PreTrainedTokenizerFast(
         tokenizer_object=tok,
         bos_token=BOS,
@@ -106,16 +120,20 @@ class LlamaSize:
 LLAMA_SIZES = {
     # ~50k parameters: starts in seconds; used by the e2e tests.
     "tiny": LlamaSize(512, 64, 128, 2, 4, 2, 4096, "float32"),
-    # ~150M parameters: prefill of a few thousand tokens takes seconds on 2 CPU cores.
-    "demo": LlamaSize(8192, 768, 2048, 20, 12, 4, 16384, "bfloat16"),
+    # ~101M parameters, bf16 (CPU bf16 matmuls are 2-5x faster than fp32 here): prefill of a
+    # 2k-token prompt takes ~3-4 s on 2 cores, 4k ~10-15 s (torch_native attention is
+    # quadratic); KV is 14 KB per token, so an L3 hit is much cheaper than recompute.
+    "demo": LlamaSize(8192, 768, 2048, 14, 12, 4, 16384, "bfloat16"),
 }
 
 
-def build_llama(size: str, out: Path, seed: int) -> dict:
+def build_llama(size: str, out: Path, seed: int, dtype: str | None = None) -> dict:
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
     spec = LLAMA_SIZES[size]
+    if dtype is not None:
+        spec = replace(spec, dtype=dtype)
     tokenizer = train_tokenizer(spec.vocab_size, seed)
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -145,13 +163,18 @@ def build_llama(size: str, out: Path, seed: int) -> dict:
     return {"arch": "llama", "size": size, "seed": seed, "params": params, "dtype": spec.dtype}
 
 
-ARCHES: dict[str, tuple[Callable[[str, Path, int], dict], tuple[str, ...]]] = {
+ARCHES: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
     "llama": (build_llama, tuple(LLAMA_SIZES)),
 }
 
 
-def make_model(arch: str, size: str, out: Path | str, seed: int = 0) -> dict:
-    """Write the model into `out` (created if missing). Returns a small summary dict."""
+def make_model(
+    arch: str, size: str, out: Path | str, seed: int = 0, dtype: str | None = None
+) -> dict:
+    """Write the model into `out` (created if missing). Returns a small summary dict.
+
+    `dtype` ("float32", "bfloat16", ...) overrides the size's default weight dtype.
+    """
     if arch not in ARCHES:
         raise ValueError(f"unknown arch {arch!r}; known: {sorted(ARCHES)}")
     builder, sizes = ARCHES[arch]
@@ -159,7 +182,7 @@ def make_model(arch: str, size: str, out: Path | str, seed: int = 0) -> dict:
         raise ValueError(f"unknown size {size!r} for {arch}; known: {list(sizes)}")
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    summary = builder(size, out, seed)
+    summary = builder(size, out, seed, dtype)
     (out / "harness_model.json").write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     return summary
 
@@ -170,8 +193,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--size", default="tiny")
     parser.add_argument("--out", required=True, type=Path)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--dtype", default=None, help="override the size's weight dtype")
     args = parser.parse_args(argv)
-    summary = make_model(args.arch, args.size, args.out, args.seed)
+    summary = make_model(args.arch, args.size, args.out, args.seed, args.dtype)
     print(json.dumps(summary, sort_keys=True))
     return 0
 

@@ -75,7 +75,7 @@ def transfer_kv_direct(
         return
     src_rows = _cpu_long(src_indices)
     dst_rows = _cpu_long(dst_indices)
-    for src, dst in zip(src_layers, dst_layers):
+    for src, dst in zip(src_layers, dst_layers, strict=True):
         rows = src.index_select(0, src_rows.to(src.device))
         dst.index_copy_(0, dst_rows.to(dst.device), rows.to(device=dst.device, dtype=dst.dtype))
 
@@ -125,13 +125,11 @@ def _page_first_direct(
             pages = host_pages.to(host.device)
             rows = device_rows.to(device.device)
             if layer_first_to_page_first:
-                data = device.index_select(0, rows)
-                data = data.reshape(num_pages, page_size, *device.shape[1:])
-                host[pages, layer] = data.to(device=host.device, dtype=host.dtype).reshape(
-                    host[pages, layer].shape
-                )
+                data = device.index_select(0, rows).to(device=host.device, dtype=host.dtype)
+                host[pages, layer, :page_size] = data.reshape(num_pages, page_size, *host.shape[3:])
             else:
-                data = host[pages, layer].reshape(num_pages * page_size, *device.shape[1:])
+                data = host[pages, layer, :page_size]
+                data = data.reshape(num_pages * page_size, *device.shape[1:])
                 device.index_copy_(0, rows, data.to(device=device.device, dtype=device.dtype))
 
 
