@@ -63,8 +63,16 @@ def server_args(storage: str, root: Path | None, *, page_size: int, max_tokens: 
     ]
 
 
+# On CPU, attention over the new queries only (as GPU backends do), so that a restored prefix
+# saves attention work too; see tests/sglang_cpu/patches/sglang_cpu_patches/cpu_attention.py.
+CPU_PATCHES = "host_unpinned,kv_direct_io,extend_new_queries_only"
+
+
 def start(model_dir: Path, args: list[str], log_path: Path) -> e2e.Server:
-    return e2e.start_server(model_dir, args, log_path=log_path, harness=not has_gpu())
+    if has_gpu():
+        return e2e.start_server(model_dir, args, log_path=log_path, harness=False)
+    env = {"SGLANG_CPU_TEST_PATCHES": CPU_PATCHES}
+    return e2e.start_server(model_dir, args, env=env, log_path=log_path)
 
 
 @dataclass
