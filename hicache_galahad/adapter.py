@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import os
 import threading
 import time
 
@@ -83,6 +84,19 @@ def _page_bytes(binding, tensor: torch.Tensor) -> memoryview:
     return data
 
 
+SERVING_DTYPE_ARGS = ("kv_cache_dtype", "mamba_ssm_dtype", "dtype")
+
+
+def _server_args():
+    """SGLang's server arguments in this (scheduler) process, or None outside a server."""
+    try:
+        from sglang.srt.runtime_context import get_server_args
+
+        return get_server_args()
+    except Exception:
+        return None
+
+
 def _keys_of(args, kwargs):
     return kwargs.get("keys", args[0] if args else [])
 
@@ -112,8 +126,14 @@ class GalahadStorage(HiCacheStorage):
         self.storage_config = storage_config
         self.options = parse_options(getattr(storage_config, "extra_config", None))
         self.model_name = getattr(storage_config, "model_name", None) or ""
+        server_args = _server_args()
+        self.serving_dtypes = {
+            name: str(getattr(server_args, name, None)) for name in SERVING_DTYPE_ARGS
+        }
+        model_path = getattr(server_args, "model_path", None)
         self.model_fingerprint = resolve_fingerprint(
-            self.options.model_fingerprint, self.model_name
+            self.options.model_fingerprint,
+            self.model_name if os.path.isdir(self.model_name) or not model_path else model_path,
         )
         self.store = RecordStore(self.options.root, **self.options.store_kwargs())
         self._bindings: dict[str, _PoolBinding] = {}
@@ -170,6 +190,8 @@ class GalahadStorage(HiCacheStorage):
             geometry = describe_pool(pool) | {
                 "model_name": self.model_name,
                 "parallel": self._parallel_coordinates(name),
+                # Host pools keep fp8 KV as uint8: the server's dtype choices tell e4m3 from e5m2.
+                "serving_dtypes": self.serving_dtypes,
             }
             if name != KV:
                 # A state is only ever used together with KV pages of the KV namespace (SGLang
