@@ -510,7 +510,8 @@ class RecordStore:
             self._header_templates[cache_key] = template
         return template
 
-    def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
+    def _read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes):
+        """(header, its bytes) of the record open at fd, after V1-V12."""
         prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
         header = fmt.parse_header(prefix, file_len)
         fmt.check_identity(
@@ -520,7 +521,10 @@ class RecordStore:
             require_encryption=self._master_key is not None,
             allow_unverified=self.allow_unverified,
         )
-        header_bytes = prefix[: header.header_len]
+        return header, prefix[: header.header_len]
+
+    def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
+        header, header_bytes = self._read_header(fd, file_len, namespace, key_bytes)
         expected_len = sum(len(segment) for segment in segments)
         if header.raw_len != expected_len:
             # Damage first (V13-V15), so that only a sound record of another size is V16.
@@ -659,16 +663,7 @@ class RecordStore:
         except FileNotFoundError:
             return None
         try:
-            info = os.fstat(fd)
-            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-            header = fmt.parse_header(prefix, info.st_size)
-            fmt.check_identity(
-                header,
-                key=key_bytes,
-                namespace=namespace.digest,
-                require_encryption=self._master_key is not None,
-                allow_unverified=self.allow_unverified,
-            )
+            self._read_header(fd, os.fstat(fd).st_size, namespace, key_bytes)
             return True
         except fmt.FormatError:
             return False

@@ -456,3 +456,32 @@ def wait_for_files(
 
     wait_for(enough, timeout_s, f"{at_least} {pattern} files in {directory}")
     return found
+
+
+def run_engine_roundtrip(model_dir: Path | str, *args: str, timeout_s: float = 400) -> dict:
+    """Runs ``tests/sglang_cpu/engine_roundtrip.py`` (an in-process ``sglang.Engine``: generate,
+    flush, generate) under the harness in its own process group; returns its RESULT record
+    (``first``, ``second``, ``flush_success``). Extra ``args`` go to the script."""
+    command = [
+        str(RUN_SCRIPT), sys.executable, str(HARNESS_DIR / "engine_roundtrip.py"),
+        "--model", str(model_dir), *args,
+    ]  # fmt: skip
+    proc = subprocess.Popen(
+        command,
+        cwd=REPO_ROOT,
+        env=harness_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = proc.communicate(timeout=timeout_s)
+    finally:
+        kill_process_group(proc.pid, proc, grace_s=10.0)
+    if group_members(proc.pid):
+        raise RuntimeError("an Engine process survived its process group's kill")
+    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
+    if proc.returncode != 0 or not lines:
+        raise RuntimeError(f"engine_roundtrip failed ({proc.returncode}):\n{output[-5000:]}")
+    return json.loads(lines[-1][len("RESULT ") :])

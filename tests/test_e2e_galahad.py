@@ -174,9 +174,6 @@ def test_eviction_keeps_answers_correct_within_budget(tiny_model, tmp_path):
 def test_engine_in_process(tiny_model, tmp_path, form):
     """sglang.Engine(...) in-process with the dynamic backend, the extra config given as a JSON
     string or as @config.json."""
-    import subprocess
-    import sys
-
     root = tmp_path / "store"
     config = json.dumps(
         {
@@ -191,29 +188,12 @@ def test_engine_in_process(tiny_model, tmp_path, form):
     if form == "file":
         (tmp_path / "galahad.json").write_text(config)
         config = "@" + str(tmp_path / "galahad.json")
-    command = [
-        str(e2e.RUN_SCRIPT), sys.executable, str(e2e.HARNESS_DIR / "engine_roundtrip.py"),
-        "--model", str(tiny_model), "--layout", "page_first_direct", "--backend", "dynamic",
+    result = e2e.run_engine_roundtrip(
+        tiny_model, "--layout", "page_first_direct", "--backend", "dynamic",
         "--extra-config", config, "--storage-dir", str(root), "--record-glob", "ns/*/*.rec",
         "--page-size", str(PAGE_SIZE), "--prompt-len", str(len(PROMPT)),
         "--max-new-tokens", str(MAX_NEW_TOKENS),
-    ]  # fmt: skip
-    process = subprocess.Popen(
-        command,
-        cwd=e2e.REPO_ROOT,
-        env=e2e.harness_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = process.communicate(timeout=400)
-    finally:
-        e2e.kill_process_group(process.pid, process, grace_s=10.0)
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert process.returncode == 0 and lines, output[-5000:]
-    result = json.loads(lines[-1][len("RESULT ") :])
+    )  # fmt: skip
     first, second = result["first"], result["second"]
     assert result["flush_success"], result
     assert first["cached_tokens"] == 0

@@ -9,9 +9,6 @@ coming from storage, with identical output tokens and logprobs.
 from __future__ import annotations
 
 import importlib.util
-import json
-import subprocess
-import sys
 
 import pytest
 
@@ -77,29 +74,11 @@ def test_server_file_backend_storage_hit(tiny_model, tmp_path, layout):
 def test_engine_in_process_file_backend_storage_hit(tiny_model, tmp_path):
     storage = tmp_path / "l3"
     storage.mkdir()
-    command = [
-        str(e2e.RUN_SCRIPT), sys.executable, str(e2e.HARNESS_DIR / "engine_roundtrip.py"),
-        "--model", str(tiny_model), "--layout", "page_first_direct",
-        "--storage-dir", str(storage), "--page-size", str(PAGE_SIZE),
-        "--prompt-len", str(len(PROMPT)), "--max-new-tokens", str(MAX_NEW_TOKENS),
-    ]  # fmt: skip
-    proc = subprocess.Popen(
-        command,
-        cwd=e2e.REPO_ROOT,
-        env=e2e.harness_env(),
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        start_new_session=True,
-    )
-    try:
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        e2e.kill_process_group(proc.pid, proc, grace_s=10.0)
-    assert e2e.group_members(proc.pid) == []
-    lines = [line for line in output.splitlines() if line.startswith("RESULT ")]
-    assert proc.returncode == 0 and lines, output[-5000:]
-    result = json.loads(lines[-1][len("RESULT ") :])
+    result = e2e.run_engine_roundtrip(
+        tiny_model, "--layout", "page_first_direct", "--storage-dir", str(storage),
+        "--page-size", str(PAGE_SIZE), "--prompt-len", str(len(PROMPT)),
+        "--max-new-tokens", str(MAX_NEW_TOKENS),
+    )  # fmt: skip
     assert result["flush_success"], result
 
     def as_result(r: dict) -> e2e.GenerateResult:
