@@ -22,6 +22,7 @@ class Namespace:
     pool: str
     geometry: dict = field(default_factory=dict)
     digest: bytes = field(init=False, repr=False, compare=False)
+    dirname: str = field(init=False, repr=False, compare=False)
 
     def __post_init__(self):
         for name in ("tenant", "model_fingerprint", "pool"):
@@ -29,6 +30,8 @@ class Namespace:
             if not isinstance(value, str) or not value:
                 raise ValueError(f"namespace {name} must be a non-empty string, got {value!r}")
         object.__setattr__(self, "digest", hashlib.sha256(self.canonical_json()).digest())
+        # The namespace's directory name: 128 bits of the digest (the header holds all 256).
+        object.__setattr__(self, "dirname", self.digest.hex()[:32])
 
     def describe(self) -> dict:
         return {
@@ -43,8 +46,3 @@ class Namespace:
         return json.dumps(
             self.describe(), sort_keys=True, separators=(",", ":"), ensure_ascii=True
         ).encode()
-
-    @property
-    def dirname(self) -> str:
-        """The namespace's directory name: 128 bits of the digest (the header holds all 256)."""
-        return self.digest.hex()[:32]

@@ -229,6 +229,7 @@ class RecordStore:
         self._index = LruIndex()
         self._touched: set = set()
         self._header_templates: dict = {}
+        self._ns_dirs: dict[str, str] = {}
         self._key_proven: set[str] = set()  # namespaces where this key opened a record
         self._digest_bytes = fmt.DIGEST_SIZES[self.digest_alg]
         self._digest_padding = bytes(32 - self._digest_bytes)
@@ -335,7 +336,12 @@ class RecordStore:
             return namespace
 
     def _ns_dir(self, namespace: Namespace) -> str:
-        return os.path.join(self.root, "ns", namespace.dirname)
+        directory = self._ns_dirs.get(namespace.dirname)
+        if directory is None:
+            directory = self._ns_dirs[namespace.dirname] = os.path.join(
+                self.root, "ns", namespace.dirname
+            )
+        return directory
 
     def _cipher(self, tenant: str) -> RecordCipher | None:
         if self._master_key is None:
