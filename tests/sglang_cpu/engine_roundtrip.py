@@ -38,6 +38,13 @@ def main() -> int:
     parser.add_argument("--page-size", type=int, default=4)
     parser.add_argument("--prompt-len", type=int, default=43)
     parser.add_argument("--max-new-tokens", type=int, default=4)
+    parser.add_argument("--backend", default="file", help="file, or dynamic (our backend)")
+    parser.add_argument(
+        "--extra-config",
+        default=None,
+        help="the storage extra config as given to SGLang: a JSON string or @file.json",
+    )
+    parser.add_argument("--record-glob", default="*.bin", help="files that mark a written page")
     args = parser.parse_args()
 
     os.environ["SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR"] = args.storage_dir
