@@ -143,12 +143,32 @@ def test_mla_kv_is_shared_across_tp_ranks_but_states_are_not(galahad):
 
 @pytest.mark.xfail(
     strict=True,
-    reason="known limitation: SGLang host pools store fp8 KV as uint8 and keep no trace of "
-    "the fp8 format, so e4m3 and e5m2 pools share a namespace. Operators changing "
-    "--kv-cache-dtype between fp8 formats must change model_fingerprint or tenant.",
+    reason="outside a server: SGLang host pools store fp8 KV as uint8 and keep no trace of "
+    "the fp8 format; inside a server the namespace takes --kv-cache-dtype from SGLang's "
+    "server arguments (test_fp8_formats_are_isolated_inside_a_server)",
 )
 def test_fp8_formats_are_isolated(galahad):
     e4m3, e5m2 = mha_pool(dtype=torch.float8_e4m3fn), mha_pool(dtype=torch.float8_e5m2)
     keys = page_keys(1, "fp8")
     assert galahad(e4m3).batch_set_v1(keys, slots_of([0], 4)) == [True]
     assert galahad(e5m2).batch_exists(keys) == 0
+
+
+def test_fp8_formats_are_isolated_inside_a_server(galahad, monkeypatch):
+    """In a scheduler process SGLang publishes its server arguments; the backend puts the
+    KV cache dtype into every namespace, which tells the two fp8 formats apart."""
+    import types
+
+    from hicache_galahad import adapter
+
+    keys = page_keys(1, "fp8-server")
+    monkeypatch.setattr(
+        adapter, "_server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e4m3")
+    )
+    e4m3 = galahad(mha_pool(dtype=torch.float8_e4m3fn))
+    assert e4m3.batch_set_v1(keys, slots_of([0], 4)) == [True]
+    assert galahad(mha_pool(dtype=torch.float8_e4m3fn)).batch_exists(keys) == 1
+    monkeypatch.setattr(
+        adapter, "_server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e5m2")
+    )
+    assert galahad(mha_pool(dtype=torch.float8_e5m2)).batch_exists(keys) == 0
