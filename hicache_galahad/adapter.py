@@ -112,9 +112,6 @@ class _PoolBinding:
         self.page_size = self.layout.page_size
         self.page_bytes = self.layout.page_bytes
 
-    def segments(self, slot_index: int):
-        return self.layout.segments(slot_index) if self.layout.supported else None
-
 
 class GalahadStorage(HiCacheStorage):
     """Persistent, verified HiCache L3 storage on local disk."""
