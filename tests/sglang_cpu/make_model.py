@@ -5,10 +5,11 @@
 #
 #   python tests/sglang_cpu/make_model.py --arch llama --size tiny --out DIR
 #   python tests/sglang_cpu/make_model.py --arch llama --size demo --out DIR
+#   python tests/sglang_cpu/make_model.py --arch qwen3-next --size tiny --out DIR   (hybrid)
 #
 # Deterministic for a given --seed: the tokenizer corpus is generated from a seeded RNG and the
-# weights come from torch.manual_seed(seed). New architectures (e.g. qwen3-next for the hybrid
-# tests) are added by writing one builder function and registering it in ARCHES.
+# weights come from torch.manual_seed(seed). New architectures are added by writing one builder
+# function and registering it in ARCHES.
 """Build a local random-init model and a locally trained byte-level BPE tokenizer."""
 
 from __future__ import annotations
@@ -163,8 +164,121 @@ def build_llama(size: str, out: Path, seed: int, dtype: str | None = None) -> di
     return {"arch": "llama", "size": size, "seed": seed, "params": params, "dtype": spec.dtype}
 
 
+@dataclass(frozen=True)
+class Qwen3NextSize:
+    vocab_size: int
+    hidden_size: int
+    num_hidden_layers: int
+    full_attention_interval: int  # every k-th layer is full attention, the others GDN
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    linear_num_key_heads: int
+    linear_num_value_heads: int
+    linear_key_head_dim: int
+    linear_value_head_dim: int
+    linear_conv_kernel_dim: int
+    num_experts: int
+    num_experts_per_tok: int
+    moe_intermediate_size: int
+    shared_expert_intermediate_size: int
+    max_position_embeddings: int
+    dtype: str
+
+
+QWEN3_NEXT_SIZES = {
+    # /work/shared/reference/sglang-hybrid-on-cpu.md section 2: 4 layers (3 gated delta net + 1
+    # full attention), hidden 64, attention 4 heads / 2 KV heads of 16, GDN 2 key / 4 value heads
+    # of 16, conv kernel 4, MoE 4 experts top-2 of size 32 plus a shared expert of 64; fp32.
+    "tiny": Qwen3NextSize(512, 64, 4, 4, 4, 2, 16, 2, 4, 16, 16, 4, 4, 2, 32, 64, 4096, "float32"),
+}
+
+
+def build_qwen3_next(size: str, out: Path, seed: int, dtype: str | None = None) -> dict:
+    """A random-init Qwen3-Next (gated delta net + full attention + MoE), transformers' classes.
+
+    SGLang reads its own ``Qwen3NextConfig`` from config.json and derives the layer types from
+    ``full_attention_interval``, which transformers' constructor consumes without storing, and
+    ``rope_theta`` / ``partial_rotary_factor``, which transformers 5 keeps inside
+    ``rope_parameters``: all three are written into config.json as top-level keys as well.
+    """
+    import torch
+    from transformers import Qwen3NextConfig, Qwen3NextForCausalLM
+
+    spec = QWEN3_NEXT_SIZES[size]
+    if dtype is not None:
+        spec = replace(spec, dtype=dtype)
+    tokenizer = train_tokenizer(spec.vocab_size, seed)
+    layer_types = [
+        "full_attention" if (i + 1) % spec.full_attention_interval == 0 else "linear_attention"
+        for i in range(spec.num_hidden_layers)
+    ]
+    rope_theta, partial_rotary_factor = 10000.0, 0.25
+    config = Qwen3NextConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=2 * spec.hidden_size,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_key_value_heads,
+        head_dim=spec.head_dim,
+        hidden_act="silu",
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=False,
+        rope_parameters={
+            "rope_type": "default",
+            "rope_theta": rope_theta,
+            "partial_rotary_factor": partial_rotary_factor,
+        },
+        linear_conv_kernel_dim=spec.linear_conv_kernel_dim,
+        linear_key_head_dim=spec.linear_key_head_dim,
+        linear_value_head_dim=spec.linear_value_head_dim,
+        linear_num_key_heads=spec.linear_num_key_heads,
+        linear_num_value_heads=spec.linear_num_value_heads,
+        decoder_sparse_step=1,
+        moe_intermediate_size=spec.moe_intermediate_size,
+        shared_expert_intermediate_size=spec.shared_expert_intermediate_size,
+        num_experts_per_tok=spec.num_experts_per_tok,
+        num_experts=spec.num_experts,
+        norm_topk_prob=True,
+        layer_types=layer_types,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    config.full_attention_interval = spec.full_attention_interval
+    torch_dtype = getattr(torch, spec.dtype)
+    torch.manual_seed(seed)
+    model = Qwen3NextForCausalLM(config).to(torch_dtype).eval()
+    model.config.dtype = torch_dtype
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved.update(
+        full_attention_interval=spec.full_attention_interval,
+        rope_theta=rope_theta,
+        partial_rotary_factor=partial_rotary_factor,
+    )
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "arch": "qwen3-next",
+        "size": size,
+        "seed": seed,
+        "params": params,
+        "dtype": spec.dtype,
+        "layer_types": layer_types,
+    }
+
+
 ARCHES: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
     "llama": (build_llama, tuple(LLAMA_SIZES)),
+    "qwen3-next": (build_qwen3_next, tuple(QWEN3_NEXT_SIZES)),
 }
 
 
