@@ -23,7 +23,6 @@ import json
 import logging
 import os
 import re
-import struct
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -32,6 +31,7 @@ from dataclasses import dataclass, field
 from . import format as fmt
 from .crypto import RecordCipher, derive_tenant_key, load_master_key
 from .eviction import LruIndex
+from .ledger import Ledger
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
 
@@ -47,7 +47,6 @@ STAGE_BATCH = 32  # records written, then fsynced together (temp files open at o
 FAST_READ_MAX_BYTES = 1 << 20
 STALE_TEMP_AGE_S = 60.0
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
-_LEDGER = struct.Struct("<Q")
 
 
 def record_filename(key: str) -> str:
@@ -162,47 +161,6 @@ class CheckReport:
         }
 
 
-class _Ledger:
-    """Total bytes of a root's records, shared by every process through a locked file."""
-
-    def __init__(self, path: str):
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
-        self._thread_lock = threading.Lock()
-
-    def _locked(self, update):
-        with self._thread_lock:
-            fcntl.flock(self._fd, fcntl.LOCK_EX)
-            try:
-                raw = os.pread(self._fd, _LEDGER.size, 0)
-                current = _LEDGER.unpack(raw)[0] if len(raw) == _LEDGER.size else 0
-                new_value, result = update(current)
-                if new_value != current:
-                    os.pwrite(self._fd, _LEDGER.pack(new_value), 0)
-                return result
-            finally:
-                fcntl.flock(self._fd, fcntl.LOCK_UN)
-
-    def read(self) -> int:
-        return self._locked(lambda current: (current, current))
-
-    def reserve(self, amount: int, limit: int | None) -> bool:
-        def update(current):
-            if limit is not None and current + amount > limit:
-                return current, False
-            return current + amount, True
-
-        return self._locked(update)
-
-    def release(self, amount: int) -> None:
-        self._locked(lambda current: (max(0, current - amount), None))
-
-    def set(self, value: int) -> None:
-        self._locked(lambda current: (value, None))
-
-    def close(self) -> None:
-        os.close(self._fd)
-
-
 class _ThreadCodecs(threading.local):
     compressor = None
     decompressor = None
@@ -277,7 +235,7 @@ class RecordStore:
 
         os.makedirs(os.path.join(self.root, "ns"), exist_ok=True)
         os.makedirs(os.path.join(self.root, "quarantine"), exist_ok=True)
-        self._ledger = _Ledger(os.path.join(self.root, "ledger"))
+        self._ledger = Ledger(os.path.join(self.root, "ledger"))
         self._presence_fd = os.open(
             os.path.join(self.root, "presence.lock"), os.O_RDWR | os.O_CREAT, 0o644
         )
