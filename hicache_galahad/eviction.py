@@ -16,14 +16,9 @@ class LruIndex:
     def __init__(self):
         self._entries: OrderedDict[object, int] = OrderedDict()
         self._lock = threading.Lock()
-        self._total_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
-
-    @property
-    def total_bytes(self) -> int:
-        return self._total_bytes
 
     def load(self, entries_oldest_first) -> None:
         """Adds (location, size) pairs, oldest first, behind nothing already indexed."""
@@ -34,15 +29,11 @@ class LruIndex:
                     fresh[location] = size
             fresh.update(self._entries)
             self._entries = fresh
-            self._total_bytes = sum(fresh.values())
 
     def add(self, location, size: int) -> None:
         with self._lock:
-            previous = self._entries.pop(location, None)
-            if previous is not None:
-                self._total_bytes -= previous
+            self._entries.pop(location, None)
             self._entries[location] = size
-            self._total_bytes += size
 
     def touch(self, location) -> None:
         with self._lock:
@@ -62,20 +53,11 @@ class LruIndex:
 
     def discard(self, location) -> int | None:
         with self._lock:
-            size = self._entries.pop(location, None)
-            if size is not None:
-                self._total_bytes -= size
-            return size
+            return self._entries.pop(location, None)
 
     def pop_oldest(self):
         """(location, size) of the least recently used entry, or None when empty."""
         with self._lock:
             if not self._entries:
                 return None
-            location, size = self._entries.popitem(last=False)
-            self._total_bytes -= size
-            return location, size
-
-    def snapshot(self) -> list:
-        with self._lock:
-            return list(self._entries.items())
+            return self._entries.popitem(last=False)
