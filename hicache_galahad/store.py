@@ -526,39 +526,34 @@ class RecordStore:
         expected_len = sum(len(segment) for segment in segments)
         if header.raw_len != expected_len:
             # Damage first (V13-V15), so that only a sound record of another size is V16.
-            payload = bytearray(header.payload_len)
-            os.preadv(fd, [payload], header.header_len)
-            fmt.decode_payload(
-                header,
-                header_bytes,
-                payload,
-                cipher=self._cipher(namespace.tenant),
-                decompress=self._decompress,
-            )
+            self._read_decoded(fd, header, header_bytes, namespace)
             raise fmt.RawSizeError(
                 f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
         if not header.compressed and not header.encrypted:
             self._read_plain_into(fd, header, header_bytes, segments)
             return
-        payload = bytearray(header.payload_len)
-        if os.preadv(fd, [payload], header.header_len) != header.payload_len:
-            raise fmt.LengthMismatchError("record shrank while being read")
-        body = memoryview(
-            fmt.decode_payload(
-                header,
-                header_bytes,
-                payload,
-                cipher=self._cipher(namespace.tenant),
-                decompress=self._decompress,
-            )
-        ).cast("B")
-        if header.encrypted:
-            self._key_proven.add(namespace.dirname)
+        body = memoryview(self._read_decoded(fd, header, header_bytes, namespace)).cast("B")
         offset = 0
         for segment in segments:
             segment[:] = body[offset : offset + len(segment)]
             offset += len(segment)
+
+    def _read_decoded(self, fd, header, header_bytes, namespace: Namespace):
+        """The raw page of a record read whole: digest or tag, decryption, decompression."""
+        payload = bytearray(header.payload_len)
+        if os.preadv(fd, [payload], header.header_len) != header.payload_len:
+            raise fmt.LengthMismatchError("record shrank while being read")
+        body = fmt.decode_payload(
+            header,
+            header_bytes,
+            payload,
+            cipher=self._cipher(namespace.tenant),
+            decompress=self._decompress,
+        )
+        if header.encrypted:
+            self._key_proven.add(namespace.dirname)
+        return body
 
     def _read_plain_into(self, fd, header, header_bytes, segments) -> None:
         """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
@@ -841,21 +836,16 @@ class RecordStore:
     # ----------------------------------------------------------------- quarantine
 
     def quarantine(self, namespace: Namespace, key: str, inode: int | None = None) -> None:
-        """Moves a damaged record aside (its bytes stay counted until trimmed)."""
-        filename = record_filename(key)
-        path = os.path.join(self._ns_dir(namespace), filename)
-        target = os.path.join(
-            self.root, "quarantine", f"{time.time_ns()}-{namespace.dirname}-{filename}"
-        )
+        """Moves a damaged record aside (its bytes stay counted until trimmed). With `inode`,
+        only if the record is still the file that was found damaged."""
+        path = os.path.join(self._ns_dir(namespace), record_filename(key))
         try:
             if inode is not None and os.stat(path).st_ino != inode:
                 return  # replaced by a fresh record since we read it
-            os.rename(path, target)
         except OSError:
             return
-        self._index.discard((namespace.dirname, filename))
-        self.counters.add("quarantined")
-        self._trim_quarantine(keep_files=QUARANTINE_KEEP_FILES)
+        if self._quarantine_path(path, namespace.dirname):
+            self._trim_quarantine(keep_files=QUARANTINE_KEEP_FILES)
 
     def _trim_quarantine(self, keep_files: int, max_files: int | None = None) -> int:
         directory = os.path.join(self.root, "quarantine")
@@ -1042,16 +1032,16 @@ class RecordStore:
             return f"unreadable: {error}"
         return None
 
-    def _quarantine_path(self, path: str, dirname: str) -> None:
-        target = os.path.join(
-            self.root, "quarantine", f"{time.time_ns()}-{dirname}-{os.path.basename(path)}"
-        )
+    def _quarantine_path(self, path: str, dirname: str) -> bool:
+        filename = os.path.basename(path)
+        target = os.path.join(self.root, "quarantine", f"{time.time_ns()}-{dirname}-{filename}")
         try:
             os.rename(path, target)
         except OSError:
-            return
-        self._index.discard((dirname, os.path.basename(path)))
+            return False
+        self._index.discard((dirname, filename))
         self.counters.add("quarantined")
+        return True
 
     # ----------------------------------------------------------------- plumbing
 
