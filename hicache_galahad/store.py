@@ -600,6 +600,27 @@ class RecordStore:
         """Reads and verifies a record completely, without keeping its bytes."""
         return self._get_into_guarded(namespace, key, bytearray(expected_size))
 
+    def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
+        """A verified record of any raw size up to `max_bytes` (text, manifests); None on a
+        miss of any kind, including a record larger than `max_bytes`."""
+        try:
+            fd = os.open(os.path.join(self._ns_dir(namespace), record_filename(key)), os.O_RDONLY)
+        except OSError:
+            self.counters.add("gets")
+            self.counters.add("misses")
+            return None
+        try:
+            header, _ = self._read_header(fd, os.fstat(fd).st_size, namespace, fmt.encode_key(key))
+        except (OSError, fmt.FormatError):
+            header = None
+        finally:
+            os.close(fd)
+        if header is None or header.raw_len > max_bytes:
+            self.counters.add("gets")
+            self.counters.add("misses")
+            return None
+        return self.get(namespace, key, header.raw_len)
+
     # ----------------------------------------------------------------- writes
 
     def put(self, namespace: Namespace, key: str, data) -> bool:
