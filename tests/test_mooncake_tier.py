@@ -1,0 +1,380 @@
+"""MooncakeTier against a real Mooncake master and store daemon on loopback (no mocks).
+
+Faults are real: the master or the daemon is SIGKILLed, SIGSTOPped or restarted, and the
+daemon's memory is made too small. In every case the tier answers within its timeout, never
+raises, counts what happened and recovers when Mooncake does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from mooncake_cluster import (
+    ENV,
+    MooncakeCluster,
+    RawClient,
+    mooncake_cluster_fixture,
+    mooncake_missing,
+)
+
+from hicache_galahad.mooncake_tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
+
+REPO = Path(__file__).resolve().parents[1]
+KIB, MIB = 1 << 10, 1 << 20
+
+cluster = mooncake_cluster_fixture()
+small_cluster = mooncake_cluster_fixture(segment_bytes=16 * MIB)
+
+
+def wait_until(predicate, timeout_s: float, step_s: float = 0.05) -> float:
+    """Seconds until predicate() held; fails the test after timeout_s."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout_s:
+            pytest.fail(f"condition not met within {timeout_s} s")
+        time.sleep(step_s)
+    return time.monotonic() - start
+
+
+@pytest.fixture
+def make_tier():
+    """Builds tiers and closes every one of them after the test, also on failure."""
+    tiers = []
+
+    def make(cluster_: MooncakeCluster, **overrides) -> MooncakeTier:
+        tier = MooncakeTier(MooncakeOptions.from_config(cluster_.tier_config(**overrides)))
+        tiers.append(tier)
+        return tier
+
+    yield make
+    for tier in tiers:
+        tier.close(timeout_s=3)
+
+
+def connected(make_tier, cluster_, **overrides) -> MooncakeTier:
+    tier = make_tier(cluster_, **overrides)
+    wait_until(lambda: tier.available, 10)
+    return tier
+
+
+def put_all(tier: MooncakeTier, items: dict[str, bytes]) -> None:
+    for key, value in items.items():
+        assert tier.put_async(key, value)
+    assert tier.flush(10)
+
+
+# -- options ------------------------------------------------------------------------------------
+
+ISSUE_EXAMPLE = {
+    "master_server_address": "127.0.0.1:50551",
+    "metadata_server": "P2PHANDSHAKE",
+    "protocol": "tcp",
+    "local_hostname": "127.0.0.1",
+    "global_segment_size": 0,
+    "local_buffer_size": 268435456,
+    "timeout_s": 2,
+}
+
+
+def test_options_accept_the_issue_example():
+    options = MooncakeOptions.from_config(ISSUE_EXAMPLE)
+    assert options.master_server_address == "127.0.0.1:50551"
+    assert options.local_buffer_size == 256 * MIB
+    assert options.timeout_s == 2.0
+    assert options.queue_max_bytes == 256 * MIB
+    sized = MooncakeOptions.from_config(dict(ISSUE_EXAMPLE, queue_max_bytes="1GiB"))
+    assert sized.queue_max_bytes == 1 << 30
+    http = dict(ISSUE_EXAMPLE, metadata_server="http://10.0.0.1:8580/metadata")
+    assert MooncakeOptions.from_config(http).endpoints()[1] == ("10.0.0.1", 8580)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "expected"),
+    [
+        ("master_server_address", "127.0.0.1", "'host:port'"),
+        ("master_server_address", "etcd://x:2379", "'host:port'"),
+        ("metadata_server", "etcd://10.0.0.1:2379", "P2PHANDSHAKE"),
+        ("protocol", "udp", "'tcp' or 'rdma'"),
+        ("local_hostname", "", "this node's address"),
+        ("global_segment_size", -1, "byte count"),
+        ("local_buffer_size", "lots", "byte count"),
+        ("timeout_s", 0, "seconds"),
+        ("timeout_s", True, "seconds"),
+        ("queue_max_bytes", 0, "byte count"),
+        ("transfer_buffer_bytes", 1024, "byte count"),
+        ("tenant_id", "a", "one of the keys"),
+    ],
+)
+def test_options_reject_bad_values_naming_key_value_and_expectation(key, value, expected):
+    with pytest.raises(MooncakeConfigError) as caught:
+        MooncakeOptions.from_config(dict(ISSUE_EXAMPLE, **{key: value}))
+    message = str(caught.value)
+    assert repr(key) in message and repr(value) in message and expected in message
+    assert isinstance(caught.value, ValueError)
+
+
+def test_options_require_master_and_hostname_and_an_object():
+    for key in ("master_server_address", "local_hostname"):
+        config = {k: v for k, v in ISSUE_EXAMPLE.items() if k != key}
+        with pytest.raises(MooncakeConfigError, match=key):
+            MooncakeOptions.from_config(config)
+    with pytest.raises(MooncakeConfigError, match="object"):
+        MooncakeOptions.from_config(["127.0.0.1:1"])
+
+
+def test_module_imports_without_torch_or_sglang():
+    code = (
+        "import sys; sys.modules['torch'] = None; sys.modules['sglang'] = None; "
+        "import hicache_galahad.mooncake_tier"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# -- a real cluster -----------------------------------------------------------------------------
+
+WRITER = """
+import hashlib, json, os, sys, time
+from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
+deadline = time.monotonic() + 10
+while not tier.available and time.monotonic() < deadline:
+    time.sleep(0.05)
+sizes = {"small": 32 * 1024, "mid": 1 << 20, "large": 8 << 20}
+digests = {}
+for name, size in sizes.items():
+    for i in range(4):
+        value = os.urandom(size)
+        digests[f"rt/{name}/{i}"] = hashlib.sha256(value).hexdigest()
+        assert tier.put_async(f"rt/{name}/{i}", value)
+assert tier.flush(20)
+counters = tier.counters()
+tier.close()
+print(json.dumps({"digests": digests, "counters": counters}))
+"""
+
+READER = """
+import hashlib, json, sys, time
+from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
+keys = json.loads(sys.argv[2])
+deadline = time.monotonic() + 10
+while not tier.available and time.monotonic() < deadline:
+    time.sleep(0.05)
+values = tier.get_many(keys, [8 << 20] * len(keys))
+counters = tier.counters()
+tier.close()
+print(json.dumps({
+    "digests": [None if v is None else hashlib.sha256(v).hexdigest() for v in values],
+    "counters": counters,
+}))
+"""
+
+
+def run_child(code: str, *args: str) -> dict:
+    done = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code), *args],
+        cwd=REPO,
+        env=dict(os.environ, **ENV),
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_round_trip_between_two_processes(cluster):
+    config = json.dumps(cluster.tier_config())
+    written = run_child(WRITER, config)
+    assert written["counters"]["put_ok"] == 12
+    assert written["counters"]["put_failed"] == written["counters"]["put_dropped"] == 0
+    keys = [*written["digests"], "rt/absent"]
+    read = run_child(READER, config, json.dumps(keys))
+    assert read["digests"] == [*written["digests"].values(), None]
+    assert read["counters"]["hits"] == 12 and read["counters"]["misses"] == 1
+
+
+def test_missing_empty_and_oversized_values_are_none(cluster, make_tier):
+    tier = connected(make_tier, cluster)
+    put_all(tier, {"v/a": b"a" * 1000, "v/b": b"b" * 10})
+    got = tier.get_many(["v/a", "v/a", "v/b", "v/none", "v/b"], [1000, 999, 10, 100, 0])
+    assert got == [b"a" * 1000, None, b"b" * 10, None, None]
+    assert tier.get_many([], []) == []
+    assert tier.get_many(["v/a"], []) == [None]  # mismatched lengths: a miss, not an exception
+    assert tier.exists_many(["v/a", "v/none"]) == [True, False]
+    assert not tier.put_async("v/empty", b"")
+    counters = tier.counters()
+    assert counters["hits"] == 2 and counters["misses"] == 3
+    assert counters["put_dropped"] == 1 and counters["unexpected_errors"] == 0
+
+
+def test_first_writer_wins_until_removed(cluster, make_tier):
+    tier = connected(make_tier, cluster)
+    raw = RawClient(cluster)
+    try:
+        assert raw.put("fw/key", b"garbage from someone else") == 0
+        put_all(tier, {"fw/key": b"our record"})
+        assert tier.counters()["put_exists"] == 1
+        assert tier.get_many(["fw/key"], [100]) == [b"garbage from someone else"]
+        tier.remove("fw/key")  # right after a read: its lease would refuse a plain remove
+        put_all(tier, {"fw/key": b"our record"})
+        assert tier.get_many(["fw/key"], [100]) == [b"our record"]
+        assert raw.get("fw/key") == b"our record"
+    finally:
+        raw.close()
+
+
+def test_full_queue_drops_and_counts(cluster, make_tier):
+    tier = connected(make_tier, cluster, queue_max_bytes=MIB, transfer_buffer_bytes=MIB)
+    value = os.urandom(300 * KIB)
+    accepted = [tier.put_async(f"q/{i}", value) for i in range(40)]
+    assert not tier.put_async("q/too-large", os.urandom(MIB + 1))
+    assert tier.flush(20)
+    counters = tier.counters()
+    assert counters["put_dropped"] == accepted.count(False) + 1 > 0
+    assert counters["put_enqueued"] == accepted.count(True)
+    assert counters["put_ok"] + counters["put_exists"] == counters["put_enqueued"]
+    assert counters["queued_bytes"] == 0
+    kept = [f"q/{i}" for i, ok in enumerate(accepted) if ok]
+    assert tier.get_many(kept, [300 * KIB] * len(kept)) == [value] * len(kept)
+
+
+def test_concurrent_readers_and_a_writer(cluster, make_tier):
+    tier = connected(make_tier, cluster)
+    values = {f"c/{i}": os.urandom(64 * KIB) for i in range(64)}
+    put_all(tier, values)
+    errors = []
+
+    def read():
+        for _ in range(20):
+            got = tier.get_many(list(values), [64 * KIB] * len(values))
+            if got != list(values.values()):
+                errors.append(sum(v is None for v in got))
+
+    threads = [threading.Thread(target=read) for _ in range(3)]
+    for thread in threads:
+        thread.start()
+    for i in range(64):
+        tier.put_async(f"c/new/{i}", os.urandom(64 * KIB))
+    for thread in threads:
+        thread.join()
+    assert errors == [] and tier.flush(10)
+
+
+def test_full_mooncake_memory_fails_puts_without_exceptions(small_cluster, make_tier):
+    tier = connected(make_tier, small_cluster)
+    for i in range(6):
+        assert tier.put_async(f"full/{i}", os.urandom(6 * MIB))
+    assert tier.flush(20)
+    counters = tier.counters()
+    assert counters["put_ok"] >= 1
+    assert counters["put_failed"] == counters["put_no_space"] >= 1
+    assert counters["put_ok"] + counters["put_failed"] == 6
+    assert counters["unexpected_errors"] == 0 and tier.available
+
+
+@pytest.mark.slow
+def test_master_killed_then_restarted(cluster, make_tier):
+    tier = connected(make_tier, cluster, timeout_s=1)
+    put_all(tier, {"m/a": b"before"})
+    cluster.kill_master()
+    started = time.monotonic()
+    assert tier.get_many(["m/a", "m/b"], [100, 100]) in ([b"before", None], [None, None])
+    assert time.monotonic() - started < 1.5
+    wait_until(lambda: not tier.available, 3)
+    started = time.monotonic()
+    assert tier.get_many(["m/a"], [100]) == [None]
+    assert tier.exists_many(["m/a"]) == [False]
+    assert time.monotonic() - started < 0.1
+    assert not tier.put_async("m/c", b"while down")
+    assert tier.counters()["disconnects"] == 1
+
+    cluster.start_master()
+    cluster.wait_capacity(cluster.segment_bytes)  # the daemon re-mounts its segment
+    wait_until(lambda: tier.available, 10)
+    assert tier.get_many(["m/a"], [100]) == [None]  # a restarted master starts empty
+    put_all(tier, {"m/a": b"after"})
+    assert tier.get_many(["m/a"], [100]) == [b"after"]
+    counters = tier.counters()
+    assert counters["reconnects"] == 1 and counters["unexpected_errors"] == 0
+
+
+@pytest.mark.slow
+def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
+    tier = connected(make_tier, cluster, timeout_s=1)
+    put_all(tier, {"s/a": b"value"})
+    os.killpg(cluster.master.pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        assert tier.get_many(["s/b"], [100]) == [None]
+        assert 0.9 < time.monotonic() - started < 1.5
+        assert not tier.available  # a read is stuck: no second one is started behind it
+        started = time.monotonic()
+        assert tier.get_many(["s/a"], [100]) == [None]
+        assert time.monotonic() - started < 0.1
+    finally:
+        os.killpg(cluster.master.pid, signal.SIGCONT)
+    wait_until(lambda: tier.available, 15)
+    assert tier.get_many(["s/a"], [100]) == [b"value"]
+    assert tier.counters()["timeouts"] >= 1
+
+
+@pytest.mark.slow
+def test_daemon_killed_then_restarted(cluster, make_tier):
+    tier = connected(make_tier, cluster, timeout_s=1)
+    put_all(tier, {"d/a": b"held by the daemon"})
+    cluster.kill_daemon()
+    started = time.monotonic()
+    assert tier.get_many(["d/a"], [100]) == [None]
+    assert time.monotonic() - started < 1.5
+    wait_until(lambda: cluster.capacity_bytes() == 0, 10)  # client_ttl: the segment is gone
+    put_all(tier, {"d/b": b"nowhere to go"})
+    counters = tier.counters()
+    assert counters["put_no_space"] == 1 and counters["unexpected_errors"] == 0
+    cluster.start_daemon()
+    put_all(tier, {"d/c": b"back"})
+    assert tier.get_many(["d/a", "d/c"], [100, 100]) == [None, b"back"]
+
+
+@pytest.mark.slow
+def test_start_with_master_down_returns_at_once_and_connects_later(tmp_path, make_tier):
+    missing = mooncake_missing()
+    if missing:
+        pytest.skip(missing)
+    os.environ.update(ENV)
+    cluster_ = MooncakeCluster(tmp_path)  # ports chosen, nothing started
+    try:
+        started = time.monotonic()
+        tier = make_tier(cluster_, timeout_s=1)
+        assert time.monotonic() - started < 0.5
+        started = time.monotonic()
+        assert tier.get_many(["x"], [10]) == [None]
+        assert not tier.put_async("x", b"1")
+        assert time.monotonic() - started < 1.0
+        cluster_.start()
+        wait_until(lambda: tier.available, 10)
+        put_all(tier, {"x": b"1"})
+        assert tier.get_many(["x"], [10]) == [b"1"]
+    finally:
+        cluster_.stop()
+
+
+@pytest.mark.slow
+def test_close_is_bounded_with_the_master_down(cluster, make_tier):
+    tier = connected(make_tier, cluster, timeout_s=1)
+    for i in range(8):
+        tier.put_async(f"cl/{i}", os.urandom(MIB))
+    cluster.kill_master()
+    started = time.monotonic()
+    tier.close(timeout_s=2)
+    assert time.monotonic() - started < 8  # 2 s for the threads, then Mooncake's own close()
+    assert tier.get_many(["cl/0"], [MIB]) == [None] and not tier.put_async("cl/x", b"1")
