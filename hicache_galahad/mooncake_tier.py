@@ -252,9 +252,9 @@ class MooncakeTier:
         self._writing = False  # the writer holds a batch taken from the queue
         self._read_buffer: _Buffer | None = None
         self._write_buffer: _Buffer | None = None
-        self._call_lock = threading.Lock()  # guards _overdue
+        self._call_lock = threading.Lock()  # guards _overdue and _reads
         self._overdue: Future | None = None  # a read call that ran past its caller's deadline
-        self._last_read: Future | None = None  # the newest read call submitted
+        self._reads: set[Future] = set()  # read calls submitted and not finished
         self._reported: set[str] = set()  # call sites whose unexpected error was logged
         self._reader = ThreadPoolExecutor(1, thread_name_prefix="mooncake-read")
         self._connector = threading.Thread(target=self._connect_loop, name="mooncake-connect")
@@ -361,7 +361,7 @@ class MooncakeTier:
 
     def close(self, timeout_s: float = 5.0) -> None:
         """Stops the threads and closes the client; waits at most about timeout_s (+ close())."""
-        with self._state:
+        with self._state, self._call_lock:
             if self._closed:
                 return
             self._closed = True
@@ -374,13 +374,12 @@ class MooncakeTier:
         deadline = time.monotonic() + timeout_s
         self._reader.shutdown(wait=False, cancel_futures=True)
         with self._call_lock:
-            last_read = self._last_read
-        if last_read is not None:
-            futures_wait([last_read], timeout=max(0.0, deadline - time.monotonic()))
+            reads = list(self._reads)
+        futures_wait(reads, timeout=max(0.0, deadline - time.monotonic()))
         for thread in (self._writer, self._connector):
             thread.join(max(0.0, deadline - time.monotonic()))
         idle = not (self._writer.is_alive() or self._connector.is_alive())
-        idle = idle and (last_read is None or last_read.done())
+        idle = idle and all(read.done() for read in reads)
         with self._state:
             store, self._store = self._store, None
         if store is not None and idle:
@@ -398,10 +397,11 @@ class MooncakeTier:
             return None
         deadline = time.monotonic() + self.options.timeout_s
         with self._call_lock:
-            if self._overdue is not None and not self._overdue.done():
+            if self._closed or (self._overdue is not None and not self._overdue.done()):
                 return None
             future = self._reader.submit(work, store, buffer, deadline, *args)
-            self._last_read = future
+            self._reads.add(future)
+        future.add_done_callback(self._read_done)
         try:
             return future.result(timeout=max(0.0, deadline - time.monotonic()))
         except FutureTimeout:
@@ -413,6 +413,10 @@ class MooncakeTier:
                     "timeout", "mooncake: a read ran past %.1f s", self.options.timeout_s
                 )
             return None
+
+    def _read_done(self, future: Future) -> None:
+        with self._call_lock:
+            self._reads.discard(future)
 
     def _read_values(self, store, buffer: _Buffer, deadline: float, keys, max_bytes):
         results: list[bytes | None] = [None] * len(keys)
