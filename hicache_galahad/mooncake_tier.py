@@ -505,13 +505,19 @@ class MooncakeTier:
         if not puts:
             self._remove_now(store, batch[0][0])
             return
-        present = store.batch_is_exist([key for key, _ in puts])
+        first: dict[str, bytes] = {}
+        for key, data in puts:
+            first.setdefault(
+                key, data
+            )  # a key queued twice keeps its first value, as Mooncake does
+        unique = list(first.items())
+        present = store.batch_is_exist([key for key, _ in unique])
         if RPC_FAIL in present:
             self._mark_down("an existence check failed with RPC_FAIL")
             self._count("put_skipped", len(puts))
             return
-        todo = [item for item, code in zip(puts, present, strict=True) if code != 1]
-        self._count("put_exists", len(puts) - len(todo))
+        todo = [item for item, code in zip(unique, present, strict=True) if code != 1]
+        self._count("put_exists", len(puts) - len(todo))  # a repeated key: its first value
         if todo:
             self._put_from(store, buffer, todo)
 

@@ -91,7 +91,7 @@ class MooncakeCluster:
         *,
         segment_bytes: int = 256 << 20,
         client_ttl_s: int = 2,
-        lease_ttl_ms: int = 500,
+        lease_ttl_ms: int = 5000,
     ):
         missing = mooncake_missing()
         if missing:

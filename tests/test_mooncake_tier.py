@@ -231,6 +231,10 @@ def test_first_writer_wins_until_removed(cluster, make_tier):
         assert raw.get("fw/key") == b"our record"
     finally:
         raw.close()
+    assert tier.put_async("fw/twice", b"first") and tier.put_async("fw/twice", b"second")
+    assert tier.flush(10)
+    assert tier.get_many(["fw/twice"], [100]) == [b"first"]
+    assert tier.counters()["put_exists"] == 2
 
 
 def test_full_queue_drops_and_counts(cluster, make_tier):
