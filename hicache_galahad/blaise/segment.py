@@ -1,0 +1,277 @@
+"""Sections: contiguous byte ranges of a document, cut along its own structure.
+
+Pure code (no I/O). A document's UTF-8 bytes are cut into blocks (headings and paragraphs),
+paragraphs longer than the budget into sentences, and the pieces are packed greedily into
+sections of at most `budget_tokens` estimated tokens. Every cut falls at a block or sentence
+boundary, so the concatenation of the sections is the document, byte for byte, and a sentence
+is never split. The one exception: a single sentence longer than the whole budget (a table, a
+list without full stops) is cut at line breaks, and failing that at spaces.
+
+A heading starts a new section; the text before it, when shorter than `min_tokens`, first
+joins the section before it if that stays within the budget (so runs of short headed parts
+share sections). A heading is never the last piece of a section: it goes with the text it
+introduces.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+
+DEFAULT_BUDGET_TOKENS = 600
+DEFAULT_MIN_TOKENS = 150
+
+_LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
+_DIGITS_AND_SPACE = b"0123456789 \t\n\r\x0b\x0c"
+_BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*(?=\n)")
+_ATX = re.compile(rb"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
+_WIKI = re.compile(rb"^(={1,6})[ \t]*([^=].*?)[ \t]*\1[ \t]*$")
+_SETEXT = re.compile(rb"^(=+|-+)[ \t]*$")
+# A sentence ends at . ! ? (and closing quotes or brackets), then whitespace, then something
+# that can start a sentence. Abbreviations and initials are checked separately.
+_SENTENCE_END = re.compile(
+    rb"[.!?]+[\"')\]\xe2\x80\x9d\xe2\x80\x99]*(\s+)(?=[\"'(\[A-Z0-9\xc2-\xf4*#|=-])"
+)
+_ABBREVIATIONS = frozenset(
+    b"mr mrs ms dr prof st jr sr vs etc e.g i.e no nos mt ft inc ltd co corp gen col lt sgt "
+    b"capt rev hon fig figs vol approx ca cf al u.s u.k op pp ed eds jan feb mar apr jun jul "
+    b"aug sep sept oct nov dec".split()
+)
+
+
+def estimate_tokens(data: bytes) -> int:
+    """A fast estimate of a BPE tokenizer's count: one token per word (whitespace), per digit
+    and per 1.4 other marks, plus one per 34 letters for long words. A least-squares fit to
+    Mistral's Tekken tokenizer on the benchmark's Wikipedia corpus: the estimate is within
+    0.91x..1.10x of the real count for 90% of paragraphs, at C speed (bytes.translate)."""
+    num_bytes = len(data)
+    non_letters = data.translate(None, _LETTERS)
+    marks = non_letters.translate(None, _DIGITS_AND_SPACE)
+    num_digits_and_spaces = len(non_letters) - len(marks)
+    num_letters = num_bytes - len(non_letters)
+    return num_digits_and_spaces + (len(marks) * 7) // 10 + num_letters // 34
+
+
+@dataclass(frozen=True, slots=True)
+class Section:
+    """Bytes [start, end) of a document, under the heading path in force at `start`."""
+
+    start: int
+    end: int
+    headings: tuple[str, ...]
+
+
+@dataclass(slots=True)
+class _Piece:
+    start: int
+    end: int
+    tokens: int
+    heading: tuple[int, str] | None = None  # (level, title) for a heading line
+
+
+def segment(
+    data: bytes,
+    *,
+    budget_tokens: int = DEFAULT_BUDGET_TOKENS,
+    min_tokens: int = DEFAULT_MIN_TOKENS,
+    count_tokens: Callable[[bytes], int] = estimate_tokens,
+) -> list[Section]:
+    """Cuts `data` into sections; their concatenation is `data`. Empty data gives none."""
+    if budget_tokens < 1 or not 0 <= min_tokens <= budget_tokens:
+        raise ValueError(
+            f"need 1 <= budget ({budget_tokens}) and 0 <= min <= budget ({min_tokens})"
+        )
+    if not data:
+        return []
+    pieces = _pieces(data, budget_tokens, count_tokens)
+    return _pack(pieces, budget_tokens, min_tokens)
+
+
+# ------------------------------------------------------------------------------- blocks
+
+
+def _blocks(data: bytes):
+    """(start, end, heading) for each heading line and paragraph; trailing blank lines stay
+    with the block before them, leading ones with the first block."""
+    lines = data.splitlines(keepends=True)
+    blocks: list[list] = []
+    offset = 0
+    in_paragraph = False
+    for index, line in enumerate(lines):
+        end = offset + len(line)
+        stripped = line.strip()
+        heading = _heading(line, lines[index + 1] if index + 1 < len(lines) else b"")
+        if heading is not None or (_is_setext_rule(stripped) and blocks and blocks[-1][2]):
+            if heading is None:  # the underline of a setext heading joins its heading
+                blocks[-1][1] = end
+            else:
+                blocks.append([offset, end, heading])
+            in_paragraph = False
+        elif not stripped:
+            if blocks:
+                blocks[-1][1] = end
+            else:
+                blocks.append([offset, end, None])
+            in_paragraph = False
+        elif in_paragraph:
+            blocks[-1][1] = end
+        else:
+            if blocks and blocks[-1][2] is None and not data[blocks[-1][0] : blocks[-1][1]].strip():
+                blocks[-1][1] = end  # leading blank lines join the first paragraph
+            else:
+                blocks.append([offset, end, None])
+            in_paragraph = True
+        offset = end
+    return blocks
+
+
+def _heading(line: bytes, next_line: bytes) -> tuple[int, str] | None:
+    text = line.strip()
+    for pattern in (_ATX, _WIKI):
+        match = pattern.match(text)
+        if match:
+            return len(match.group(1)), _title(match.group(2))
+    rule = next_line.strip()
+    if text and _is_setext_rule(rule) and len(rule) >= 3 and not _is_setext_rule(text):
+        return (1 if rule[:1] == b"=" else 2), _title(text)
+    return None
+
+
+def _is_setext_rule(text: bytes) -> bool:
+    return bool(_SETEXT.match(text)) and len(text) >= 3
+
+
+def _title(raw: bytes) -> str:
+    return raw.decode("utf-8", "replace").strip()
+
+
+# ------------------------------------------------------------------------------- pieces
+
+
+def _pieces(data: bytes, budget: int, count: Callable[[bytes], int]) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    for start, end, heading in _blocks(data):
+        tokens = count(data[start:end])
+        if heading is not None or tokens <= budget:
+            pieces.append(_Piece(start, end, tokens, heading))
+            continue
+        for s_start, s_end in _sentences(data, start, end):
+            s_tokens = count(data[s_start:s_end])
+            if s_tokens <= budget:
+                pieces.append(_Piece(s_start, s_end, s_tokens))
+            else:
+                pieces += _split_long(data, s_start, s_end, budget, count)
+    return pieces
+
+
+def _sentences(data: bytes, start: int, end: int):
+    """Sentence ranges covering [start, end): each ends after the whitespace that follows it."""
+    cut = start
+    for match in _SENTENCE_END.finditer(data, start, end):
+        if _is_abbreviation(data, cut, match.start()):
+            continue
+        boundary = match.end(1)
+        if boundary < end:
+            yield cut, boundary
+            cut = boundary
+    yield cut, end
+
+
+def _is_abbreviation(data: bytes, floor: int, dot: int) -> bool:
+    """Whether the full stop at `dot` ends a known abbreviation or a single initial."""
+    if data[dot : dot + 1] != b".":
+        return False
+    word_start = dot
+    while word_start > floor and (
+        data[word_start - 1 : word_start].isalpha() or data[word_start - 1 : word_start] == b"."
+    ):
+        word_start -= 1
+    word = data[word_start:dot].lower()
+    return word in _ABBREVIATIONS or (len(word) == 1 and word.isalpha())
+
+
+def _split_long(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
+    """A sentence longer than the budget: cut at line breaks, or at spaces if it has none."""
+    text = data[start:end]
+    separator = rb"\n" if text.rstrip().count(b"\n") else rb"[ \t]+"
+    cuts = [start + m.end() for m in re.finditer(separator, text)]
+    bounds = [start, *[c for c in cuts if start < c < end], end]
+    pieces: list[_Piece] = []
+    for low, high in zip(bounds, bounds[1:], strict=False):
+        tokens = count(data[low:high])
+        if pieces and pieces[-1].tokens + tokens <= budget:
+            pieces[-1].end, pieces[-1].tokens = high, pieces[-1].tokens + tokens
+        elif tokens > budget and separator == rb"\n":
+            pieces += _split_long_spaces(data, low, high, budget, count)
+        else:
+            pieces.append(_Piece(low, high, tokens))
+    return pieces
+
+
+def _split_long_spaces(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
+    pieces: list[_Piece] = []
+    words = [start, *[start + m.end() for m in re.finditer(rb"[ \t]+", data[start:end])], end]
+    for low, high in zip(words, words[1:], strict=False):
+        if low == high:
+            continue
+        tokens = count(data[low:high])
+        if pieces and pieces[-1].tokens + tokens <= budget:
+            pieces[-1].end, pieces[-1].tokens = high, pieces[-1].tokens + tokens
+        else:
+            pieces.append(_Piece(low, high, tokens))
+    return pieces
+
+
+# ------------------------------------------------------------------------------- packing
+
+
+def _pack(pieces: list[_Piece], budget: int, min_tokens: int) -> list[Section]:
+    sections: list[Section] = []
+    last_tokens = 0  # estimated tokens of sections[-1]
+    path: list[tuple[int, str]] = []
+    start, tokens, section_path = pieces[0].start, 0, ()
+    index = 0
+    while index < len(pieces):
+        group = _glued(pieces, index)  # headings travel with the piece after them
+        group_tokens = sum(piece.tokens for piece in group)
+        cut = group[0].start
+        opens_heading = group[0].heading is not None
+        short_tail = opens_heading and 0 < tokens < min_tokens
+        if short_tail and sections and last_tokens + tokens <= budget:
+            # a short tail joins the section before it
+            sections[-1] = Section(sections[-1].start, cut, sections[-1].headings)
+            last_tokens += tokens
+            start, tokens = cut, 0
+        if tokens and (tokens + group_tokens > budget or opens_heading):
+            sections.append(Section(start, cut, section_path))
+            last_tokens = tokens
+            start, tokens = cut, 0
+        if tokens == 0:
+            section_path = _path_after(path, group)
+        for piece in group:
+            if piece.heading is not None:
+                level, title = piece.heading
+                path = [item for item in path if item[0] < level] + [(level, title)]
+        tokens += group_tokens
+        index += len(group)
+    sections.append(Section(start, pieces[-1].end, section_path))
+    return sections
+
+
+def _glued(pieces: list[_Piece], index: int) -> list[_Piece]:
+    end = index
+    while end < len(pieces) - 1 and pieces[end].heading is not None:
+        end += 1
+    return pieces[index : end + 1]
+
+
+def _path_after(path: list[tuple[int, str]], group: list[_Piece]) -> tuple[str, ...]:
+    """The heading path of a section whose first pieces are `group`."""
+    current = list(path)
+    for piece in group:
+        if piece.heading is None:
+            break
+        level, title = piece.heading
+        current = [item for item in current if item[0] < level] + [(level, title)]
+    return tuple(title for _, title in current)
