@@ -2,7 +2,7 @@
 
 Pure code (no I/O). A document's UTF-8 bytes are cut into blocks (headings and paragraphs),
 paragraphs longer than the budget into sentences, and the pieces are packed greedily into
-sections of at most `budget_tokens` estimated tokens. Every cut falls at a block or sentence
+sections of at most `budget_tokens` tokens (a section's count is the sum of its pieces' counts). Every cut falls at a block or sentence
 boundary, so the concatenation of the sections is the document, byte for byte, and a sentence
 is never split. The one exception: a single sentence longer than the whole budget (a table, a
 list without full stops) is cut at line breaks, and failing that at spaces.
