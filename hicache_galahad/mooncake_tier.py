@@ -3,11 +3,12 @@
 `MooncakeTier` holds opaque values under the caller's keys in a Mooncake Store cluster. It never
 raises into the caller and never blocks it past `timeout_s`:
 
-- A connector thread probes the master's TCP port and only then calls Mooncake's `setup()`
-  (which blocks ~90 s against a dead master *while holding the GIL*, so it must not be called
-  blind), then watches the master (TCP probe every second, an RPC probe after trouble) and marks
-  the tier down or up again. Mooncake's own `health_check()` still reports 0 with the master
-  dead (0.3.13.post1), so it is not used.
+- A connector thread calls Mooncake's `setup()` only once the master's TCP port answers and a
+  child process's `setup()` has just completed: `setup()` blocks *while holding the GIL*, ~90 s
+  against a dead master (4.5 s with MC_STORE_CLIENT_SETUP_RETRIES=1, which the tier sets unless
+  the environment does) and ~30 s against a hung one, so it must not be called blind. It then
+  watches the master (TCP probe every second, an RPC probe after trouble) and marks the tier
+  down or up again. Mooncake's `health_check()` still reports 0 with the master dead (0.3.13).
 - Reads run on one worker thread, each call waited for at most `timeout_s`. A call that
   overruns its deadline marks the tier unavailable until it returns; no second thread is
   started behind it. Values are read with `batch_get_into` into a registered buffer and copied
@@ -26,8 +27,11 @@ import collections
 import ctypes
 import logging
 import mmap
+import os
 import re
 import socket
+import subprocess
+import sys
 import threading
 import time
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -52,6 +56,16 @@ _BACKOFF_MIN_S = 0.25
 _BACKOFF_MAX_S = 4.0
 _PROBE_KEY = "__galahad_mooncake_probe__"
 _MAX_PUT_BATCH = 256
+_PREFLIGHT_TIMEOUT_S = 15.0
+# setup() retries a refused master 20 times, ~4.5 s each, holding the GIL; 1 retry: ~4.5 s
+_SETUP_RETRIES_ENV = "MC_STORE_CLIENT_SETUP_RETRIES"
+_PREFLIGHT = """
+import os, sys
+from mooncake.store import MooncakeDistributedStore
+host, metadata, protocol, devices, master = sys.argv[1:]
+code = MooncakeDistributedStore().setup(host, metadata, 0, 0, protocol, devices, master)
+os._exit(0 if code == 0 else 3)
+"""
 
 COUNTER_NAMES = (
     "gets",  # keys asked for by get_many
@@ -200,6 +214,30 @@ def _size(key: str, value, low: int, high: int) -> int:
     return size
 
 
+def _setup_completes(options: MooncakeOptions) -> bool:
+    """Whether a pure-client setup() completes in a child process within a bound.
+
+    setup() holds the GIL while it waits for a master, so a master that accepts connections
+    but does not answer (hung, overloaded) would stall this whole process; a child takes that.
+    """
+    if not sys.executable:
+        return True
+    args = [options.local_hostname, options.metadata_server, options.protocol]
+    args += [options.rdma_devices, options.master_server_address]
+    try:
+        child = subprocess.run(
+            [sys.executable, "-c", _PREFLIGHT, *args],
+            env=dict(os.environ, **{_SETUP_RETRIES_ENV: "1"}),
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            timeout=_PREFLIGHT_TIMEOUT_S,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return False
+    return child.returncode == 0
+
+
 def _reachable(endpoints: list[tuple[str, int]], timeout_s: float) -> bool:
     for host, port in endpoints:
         try:
@@ -260,6 +298,7 @@ class MooncakeTier:
         self._connector = threading.Thread(target=self._connect_loop, name="mooncake-connect")
         self._writer = threading.Thread(target=self._write_loop, name="mooncake-write")
         self._connector.daemon = self._writer.daemon = True
+        os.environ.setdefault(_SETUP_RETRIES_ENV, "1")
         self._connector.start()
         self._writer.start()
 
@@ -605,8 +644,16 @@ class MooncakeTier:
             self._warn.warning("import", "mooncake: cannot import mooncake.store: %s", error)
             self._count("connect_failures")
             return False
+        if not _setup_completes(options):
+            self._count("connect_failures")
+            self._warn.warning(
+                "connect",
+                "mooncake: master %s accepts but setup() fails or hangs; retrying",
+                options.master_server_address,
+            )
+            return False
         store = MooncakeDistributedStore()
-        # setup() holds the GIL; it is only called once the endpoints answered above.
+        # setup() holds the GIL: only called once a child's setup() completed just before.
         code = store.setup(
             options.local_hostname,
             options.metadata_server,

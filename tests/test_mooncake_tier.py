@@ -333,6 +333,26 @@ def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
 
 
 @pytest.mark.slow
+def test_hung_master_at_start_never_stalls_the_process(cluster, make_tier):
+    os.killpg(cluster.master.pid, signal.SIGSTOP)  # accepts connections, answers nothing
+    try:
+        tier = make_tier(cluster, timeout_s=1)
+        gaps, start = [], time.monotonic()
+        last = start
+        while last - start < 8:  # 8 s of 10 ms sleeps: how long was this thread held up?
+            time.sleep(0.01)
+            gaps.append(time.monotonic() - last)
+            last += gaps[-1]
+        assert max(gaps) < 1.0  # an in-process setup() would hold the GIL for ~90 s
+        assert not tier.available and tier.get_many(["h"], [10]) == [None]
+    finally:
+        os.killpg(cluster.master.pid, signal.SIGCONT)
+    wait_until(lambda: tier.available, 20)
+    put_all(tier, {"h": b"1"})
+    assert tier.get_many(["h"], [10]) == [b"1"]
+
+
+@pytest.mark.slow
 def test_daemon_killed_then_restarted(cluster, make_tier):
     tier = connected(make_tier, cluster, timeout_s=1)
     put_all(tier, {"d/a": b"held by the daemon"})
