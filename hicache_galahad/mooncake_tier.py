@@ -28,7 +28,6 @@ import ctypes
 import logging
 import mmap
 import os
-import re
 import socket
 import subprocess
 import sys
@@ -37,16 +36,14 @@ import time
 from concurrent.futures import Future, ThreadPoolExecutor
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
-from dataclasses import dataclass, fields
-from urllib.parse import urlsplit
 
 from .metrics import RateLimitedLog
-from .units import parse_bytes
+from .mooncake_options import MooncakeConfigError, MooncakeOptions
+
+__all__ = ["MooncakeConfigError", "MooncakeOptions", "MooncakeTier", "COUNTER_NAMES"]
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
-PROTOCOLS = ("tcp", "rdma")
 RPC_FAIL = -900  # Mooncake: the master is unreachable
 NO_SPACE = -200  # Mooncake: no segment has room
 NOT_FOUND = -704
@@ -93,127 +90,6 @@ COUNTER_NAMES = (
 )
 
 
-class MooncakeConfigError(ValueError):
-    """A bad `mooncake` option: the message names the key, the value and what is expected."""
-
-
-def _fail(key: str, value, expected: str):
-    shown = repr(value)
-    if len(shown) > 80:
-        shown = shown[:77] + "..."
-    raise MooncakeConfigError(f"mooncake option {key!r}: got {shown}, expected {expected}")
-
-
-_HOST_PORT = re.compile(r"^(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+):(\d{1,5})$")
-
-
-def _host_port(text: str) -> tuple[str, int] | None:
-    match = _HOST_PORT.match(text)
-    if not match or not 0 < int(match.group(2)) < 65536:
-        return None
-    return match.group(1).strip("[]"), int(match.group(2))
-
-
-def _metadata_endpoint(value: str) -> tuple[str, int] | None:
-    """The HTTP metadata server's (host, port), or None for P2PHANDSHAKE."""
-    if value == "P2PHANDSHAKE":
-        return None
-    parts = urlsplit(value)
-    return (parts.hostname or "", parts.port or 80) if parts.scheme == "http" else ("", 0)
-
-
-@dataclass(frozen=True)
-class MooncakeOptions:
-    """Where the Mooncake cluster is and how this process joins it.
-
-    The first seven fields are Mooncake's own setup() parameters (global_segment_size 0: a
-    pure client, the recommended shape; dedicated `mooncake_client` daemons hold the memory).
-    timeout_s bounds every read; queue_max_bytes bounds the write-behind queue;
-    transfer_buffer_bytes is each of the two registered buffers (read, write), and so also
-    the largest value the tier stores.
-    """
-
-    master_server_address: str
-    local_hostname: str
-    metadata_server: str = "P2PHANDSHAKE"
-    protocol: str = "tcp"
-    rdma_devices: str = ""
-    global_segment_size: int = 0
-    local_buffer_size: int = 16 * MIB
-    timeout_s: float = 2.0
-    queue_max_bytes: int = 256 * MIB
-    transfer_buffer_bytes: int = 64 * MIB
-
-    def __post_init__(self):
-        set_ = object.__setattr__
-        if not isinstance(self.master_server_address, str) or not _host_port(
-            self.master_server_address
-        ):
-            _fail("master_server_address", self.master_server_address, "'host:port'")
-        if not isinstance(self.local_hostname, str) or not self.local_hostname.strip():
-            _fail("local_hostname", self.local_hostname, "this node's address, e.g. '10.0.0.5'")
-        endpoint = (
-            _metadata_endpoint(self.metadata_server)
-            if isinstance(self.metadata_server, str)
-            else ("", 0)
-        )
-        if endpoint is not None and not endpoint[0]:
-            _fail(
-                "metadata_server",
-                self.metadata_server,
-                "'P2PHANDSHAKE' or 'http://host:port/metadata'",
-            )
-        if self.protocol not in PROTOCOLS:
-            _fail("protocol", self.protocol, " or ".join(repr(p) for p in PROTOCOLS))
-        if not isinstance(self.rdma_devices, str):
-            _fail("rdma_devices", self.rdma_devices, "a string ('' for tcp)")
-        for key, low, high in (
-            ("global_segment_size", 0, 1 << 50),
-            ("local_buffer_size", 0, 1 << 40),
-            ("queue_max_bytes", 1, 1 << 40),
-            ("transfer_buffer_bytes", MIB, 1 << 34),
-        ):
-            set_(self, key, _size(key, getattr(self, key), low, high))
-        timeout = self.timeout_s
-        if isinstance(timeout, bool) or not isinstance(timeout, int | float):
-            _fail("timeout_s", timeout, "a number of seconds in (0, 600]")
-        if not 0 < timeout <= 600:
-            _fail("timeout_s", timeout, "a number of seconds in (0, 600]")
-        set_(self, "timeout_s", float(timeout))
-
-    @classmethod
-    def from_config(cls, config: dict) -> MooncakeOptions:
-        """Options from the extra-config's `mooncake` object (MooncakeConfigError if bad)."""
-        if not isinstance(config, dict):
-            raise MooncakeConfigError(f"the mooncake option must be an object, got {config!r}")
-        known = [f.name for f in fields(cls)]
-        unknown = sorted(set(config) - set(known))
-        if unknown:
-            _fail(unknown[0], config[unknown[0]], f"one of the keys {known}")
-        for key in ("master_server_address", "local_hostname"):
-            if key not in config:
-                raise MooncakeConfigError(f"mooncake option {key!r} is required")
-        return cls(**config)
-
-    def endpoints(self) -> list[tuple[str, int]]:
-        """The TCP endpoints setup() needs up: the master, and the metadata server if HTTP."""
-        found = [_host_port(self.master_server_address)]
-        metadata = _metadata_endpoint(self.metadata_server)
-        if metadata is not None:
-            found.append(metadata)
-        return found
-
-
-def _size(key: str, value, low: int, high: int) -> int:
-    try:
-        size = parse_bytes(value)
-    except ValueError:
-        size = None
-    if size is None or not low <= size <= high:
-        _fail(key, value, f"a byte count in [{low}, {high}] (an integer, or e.g. '256MiB')")
-    return size
-
-
 def _setup_completes(options: MooncakeOptions) -> bool:
     """Whether a pure-client setup() completes in a child process within a bound.
 
@@ -236,6 +112,44 @@ def _setup_completes(options: MooncakeOptions) -> bool:
     except (OSError, subprocess.SubprocessError):
         return False
     return child.returncode == 0
+
+
+def _open_store(options: MooncakeOptions):
+    """A set-up MooncakeDistributedStore and "", or None and why not. Never calls setup() blind."""
+    if not _reachable(options.endpoints(), min(1.0, options.timeout_s)):
+        return None, f"master {options.master_server_address} unreachable"
+    try:
+        from mooncake.store import MooncakeDistributedStore
+    except ImportError as error:
+        return None, f"cannot import mooncake.store: {error}"
+    if not _setup_completes(options):
+        return None, f"master {options.master_server_address} accepts, but setup() fails or hangs"
+    store = MooncakeDistributedStore()
+    # setup() holds the GIL: only called once a child's setup() has just completed.
+    code = store.setup(
+        options.local_hostname,
+        options.metadata_server,
+        options.global_segment_size,
+        options.local_buffer_size,
+        options.protocol,
+        options.rdma_devices,
+        options.master_server_address,
+    )
+    if code != 0:
+        _close_store(store, [])
+        return None, f"setup() failed with code {code}"
+    return store, ""
+
+
+def _close_store(store, buffers: list) -> None:
+    """Unregisters the buffers and closes the client (which holds the GIL for about 1 s)."""
+    try:
+        for buffer in buffers:
+            if buffer is not None:
+                store.unregister_buffer(buffer.address)
+        store.close()
+    except Exception:
+        log.warning("mooncake: closing a client failed", exc_info=True)
 
 
 def _reachable(endpoints: list[tuple[str, int]], timeout_s: float) -> bool:
@@ -422,7 +336,7 @@ class MooncakeTier:
         with self._state:
             store, self._store = self._store, None
         if store is not None and idle:
-            self._close_store(store)
+            self._release(store)
         elif store is not None:
             self._log.warning("mooncake: a call is still running at close; the client is leaked")
         self._log.info("mooncake tier closed: %s", self.counters())
@@ -630,57 +544,23 @@ class MooncakeTier:
                 self._state.wait(seconds)
 
     def _connect(self) -> bool:
-        options = self.options
-        if not _reachable(options.endpoints(), min(1.0, options.timeout_s)):
-            self._warn.warning(
-                "connect",
-                "mooncake: master %s unreachable; retrying",
-                options.master_server_address,
-            )
-            return False
-        try:
-            from mooncake.store import MooncakeDistributedStore
-        except ImportError as error:
-            self._warn.warning("import", "mooncake: cannot import mooncake.store: %s", error)
+        store, why = _open_store(self.options)
+        if store is None:
             self._count("connect_failures")
-            return False
-        if not _setup_completes(options):
-            self._count("connect_failures")
-            self._warn.warning(
-                "connect",
-                "mooncake: master %s accepts but setup() fails or hangs; retrying",
-                options.master_server_address,
-            )
-            return False
-        store = MooncakeDistributedStore()
-        # setup() holds the GIL: only called once a child's setup() completed just before.
-        code = store.setup(
-            options.local_hostname,
-            options.metadata_server,
-            options.global_segment_size,
-            options.local_buffer_size,
-            options.protocol,
-            options.rdma_devices,
-            options.master_server_address,
-        )
-        if code != 0:
-            self._count("connect_failures")
-            self._warn.warning("connect", "mooncake: setup() failed with code %d", code)
-            self._close_store(store)
+            self._warn.warning("connect", "mooncake: %s; retrying", why)
             return False
         if not self._register_buffers(store):
-            self._close_store(store)
+            _close_store(store, [])
             return False
         with self._state:
-            if self._closed:
-                closing = True
-            else:
-                closing = False
+            closing = self._closed
+            if not closing:
                 self._store, self._is_up = store, True
         if closing:
-            self._close_store(store)
+            self._release(store)
             return False
         self._count("connects")
+        options = self.options
         self._log.info(
             "mooncake tier connected: master %s, metadata %s, protocol %s, timeout %.1f s",
             options.master_server_address,
@@ -725,14 +605,8 @@ class MooncakeTier:
             self._count("disconnects")
             self._log.warning("mooncake: tier unavailable: %s", why)
 
-    def _close_store(self, store) -> None:
-        try:
-            for buffer in (self._read_buffer, self._write_buffer):
-                if buffer is not None:
-                    store.unregister_buffer(buffer.address)
-            store.close()
-        except Exception:
-            self._unexpected("close")
+    def _release(self, store) -> None:
+        _close_store(store, [self._read_buffer, self._write_buffer])
 
     # -- bookkeeping ------------------------------------------------------------------------------
 
