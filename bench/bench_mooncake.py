@@ -6,10 +6,10 @@ this process, and measures for 32 KiB and 8 MiB values:
   - get_many in batches (per-call median / p90 / max and MB/s), next to Mooncake's raw
     get_batch and batch_get_into + copy-out on the same keys (the tier's ceiling);
   - the latency of a one-key get_many.
-With --faults it also times: construction with the master down, connect once it starts, a
+It also times (--part faults): construction with the master down, connect once it starts, a
 get_many while the master is dead, and the reconnect after a master restart.
 
-Usage: .venv/bin/python bench/bench_mooncake.py [--rounds 5] [--faults]
+Usage: .venv/bin/python bench/bench_mooncake.py [--rounds 5] [--part all|throughput|faults]
 """
 
 from __future__ import annotations
@@ -126,6 +126,7 @@ def wait_for(predicate, timeout_s: float) -> float:
 
 
 def bench_faults(workdir: str) -> None:
+    print("# faults (tier timeout_s=1; a 64 MiB daemon)")
     cluster = MooncakeCluster(os.path.join(workdir, "faults"), segment_bytes=64 * MIB)
     try:
         start = time.perf_counter()
@@ -161,13 +162,17 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--segment-mib", type=int, default=2048)
-    parser.add_argument("--faults", action="store_true", help="also time faults and recovery")
+    parser.add_argument("--part", choices=("all", "throughput", "faults"), default="all")
     args = parser.parse_args()
     os.environ.update(ENV)
+    print(header(args.segment_mib * MIB), flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-mooncake-") as workdir:
+        if args.part != "throughput":
+            bench_faults(workdir)
+        if args.part == "faults":
+            return
         cluster = MooncakeCluster(workdir, segment_bytes=args.segment_mib * MIB).start()
         try:
-            print(header(cluster.segment_bytes))
             config = cluster.tier_config(queue_max_bytes="512MiB", timeout_s=10)
             tier = MooncakeTier(MooncakeOptions.from_config(config))
             wait_for(lambda: tier.available, 30)
@@ -180,8 +185,6 @@ def main() -> None:
             raw.close()
         finally:
             cluster.stop()
-        if args.faults:
-            bench_faults(workdir)
 
 
 if __name__ == "__main__":
