@@ -26,6 +26,8 @@ from itertools import chain
 
 import Stemmer
 
+from . import answer
+
 _STOP_WORDS_TEXT = """
 a about above after again against all also am an and any are aren't as at be because been
 before being below between both but by can could did didn't do does doesn't doing don't down
@@ -41,12 +43,6 @@ yourself yourselves tell name named give know
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 _WORD = re.compile(r"\w+")
 _SENTENCE = re.compile(r"[.!?]\s+|\n\s*\n|\n(?=[*#|])")
-_ASKS_YEAR = re.compile(r"^\s*(when\b|(in |during )?(what|which) year\b)", re.I)
-_ASKS_NUMBER = re.compile(
-    r"\b(how (many|much|long|tall|high|old|far|wide|deep|large|big|heavy|often)|"
-    r"what (number|amount|quantity|percentage|share|count|size))\b",
-    re.I,
-)
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,7 +51,7 @@ class RankParams:
     b: float = 0.75
     heading_weight: float = 2.0
     sentence_weight: float = 1.0
-    answer_weight: float = 0.15  # times the question's total IDF
+    answer_weight: float = 0.5  # times the question's total IDF
     candidates: int = 40  # sections whose sentences are scored
 
 
@@ -86,6 +82,7 @@ class Analyzer:
 class _Indexed:
     terms: set[str]  # distinct terms of the section, headings included
     sentences: list[list[str]]  # each sentence's terms, in order
+    raw: list[str]  # each sentence's text (for the answer-type check)
 
 
 class Ranker:
@@ -111,7 +108,9 @@ class Ranker:
         if section in self._sections:
             raise KeyError(f"section {section} is already indexed")
         parts = _SENTENCE.split(text)
-        sentences = [terms for terms in self.analyzer.sentence_terms(parts) if terms]
+        terms_of = self.analyzer.sentence_terms(parts)
+        pairs = [(t, p) for t, p in zip(terms_of, parts, strict=True) if t]
+        sentences = [terms for terms, _ in pairs]
         counts: dict[str, float] = dict(Counter(chain.from_iterable(sentences)))
         for term in self.analyzer.terms(" ".join(headings)):
             counts[term] = counts.get(term, 0.0) + self.params.heading_weight
@@ -125,7 +124,7 @@ class Ranker:
         length = sum(counts.values())
         self._lengths[section] = length
         self._total_length += length
-        self._sections[section] = _Indexed(set(counts), sentences)
+        self._sections[section] = _Indexed(set(counts), sentences, [raw for _, raw in pairs])
         self._num_sentences += len(sentences)
         self._sentence_terms += sum(map(len, sentences))
 
@@ -161,13 +160,14 @@ class Ranker:
         candidates = heapq.nlargest(
             max(params.candidates, k), scores.items(), key=lambda kv: (kv[1], -kv[0])
         )
-        wants = _wanted_value(question)
+        wanted = answer.question_type(question)
+        question_words = set(_WORD.findall(question.lower()))
         answer_bonus = params.answer_weight * sum(idf.values())
         fused = []
         for section, score in candidates:
             sentence_score, sentence = self._best_sentence(self._sections[section], idf)
             total = score + params.sentence_weight * sentence_score
-            if wants is not None and _holds_value(sentence, wants):
+            if wanted is not None and sentence and answer.holds(sentence, wanted, question_words):
                 total += answer_bonus
             fused.append((section, total))
         fused.sort(key=lambda kv: (-kv[1], kv[0]))
@@ -188,8 +188,8 @@ class Ranker:
         """BM25 of the section's best sentence for the question, and that sentence's terms."""
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
-        best, best_terms = 0.0, None
-        for terms in indexed.sentences:
+        best, best_raw = 0.0, None
+        for terms, raw in zip(indexed.sentences, indexed.raw, strict=True):
             matched = [term for term in terms if term in idf]
             if not matched:
                 continue
@@ -198,22 +198,5 @@ class Ranker:
                 idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in Counter(matched).items()
             )
             if score > best:
-                best, best_terms = score, terms
-        return best, best_terms
-
-
-def _holds_value(terms: list[str] | None, wanted: str) -> bool:
-    """Whether a sentence's terms hold a number (or, for "year", a 3- or 4-digit number)."""
-    if not terms:
-        return False
-    if wanted == "year":
-        return any(len(term) in (3, 4) and term.isdigit() for term in terms)
-    return any(term[0].isdigit() for term in terms)
-
-
-def _wanted_value(question: str) -> str | None:
-    if _ASKS_YEAR.search(question):
-        return "year"
-    if _ASKS_NUMBER.search(question):
-        return "number"
-    return None
+                best, best_raw = score, raw
+        return best, best_raw

@@ -1,0 +1,129 @@
+"""Expected answer types: what kind of value a question asks for, and whether a sentence holds
+one. Pure code, regular expressions only.
+
+The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
+for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
+high" for a length, "how many" for a count. A sentence that shares the question's rare words
+(a name) but holds no value of the asked kind is less likely to answer it; this is what
+separates the sentence about an entity's founding year from another about its leader when the
+question words ("established", "created") appear in neither.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+
+
+class AnswerType(enum.Enum):
+    PERSON = "person"
+    PLACE = "place"
+    YEAR = "year"
+    MONEY = "money"
+    LENGTH = "length"
+    COUNT = "count"
+
+
+_QUESTION_RULES = (
+    (
+        AnswerType.PERSON,
+        r"\bwho\b|\bwhom\b|\bwhose\b|\bwhich (person|man|woman|people|engineer|scientist|"
+        r"naturalist|inventor|author|writer|architect|artist|king|queen|ruler|leader|founder)\b",
+    ),
+    (
+        AnswerType.PLACE,
+        r"\bwhere\b|\b(which|what) (valley|region|country|city|town|village|area|place|part|"
+        r"province|state|county|district|continent|island)\b",
+    ),
+    (AnswerType.YEAR, r"\bwhen\b|\b(what|which) (year|century|decade)\b|\bhow old\b"),
+    (
+        AnswerType.MONEY,
+        r"\bhow (much money|expensive|costly)\b|\b(cost|costs|price|sum|money|paid|spent|"
+        r"expended|budget|worth)\b",
+    ),
+    (
+        AnswerType.LENGTH,
+        r"\bhow (high|tall|far|long|deep|wide|thick)\b|\b(height|length|distance|elevation|"
+        r"altitude|width|depth)\b",
+    ),
+    (
+        AnswerType.COUNT,
+        r"\bhow (many|much|large|big)\b|\b(number|size|amount|quantity|count|population|"
+        r"share|percentage|total) of\b|\b(what|which) (number|size|amount|quantity|count|"
+        r"population|share|percentage|total)\b",
+    ),
+    # any other "how <adjective>" asks for a degree: a number of some kind
+    (
+        AnswerType.COUNT,
+        r"\bhow (?!do\b|does\b|did\b|is\b|are\b|was\b|were\b|can\b|could\b|"
+        r"should\b|would\b|will\b|to\b|come\b)[a-z]+\b",
+    ),
+)
+_QUESTION = [(kind, re.compile(pattern, re.I)) for kind, pattern in _QUESTION_RULES]
+
+_UNITS = (
+    r"metres?|meters?|m|km|kilometres?|kilometers?|miles?|feet|foot|ft|yards?|inches|inch|cm|"
+    r"centimetres?|centimeters?|mm|millimetres?|millimeters?|nautical miles?|leagues?"
+)
+_YEAR = re.compile(
+    rf"(?<![\d,.])(1[0-9]{{3}}|20[0-9]{{2}})(?!\d|[,.]\d|\s*(%|percent|per\b|({_UNITS})\b))"
+)
+_NUMBER = re.compile(r"(?<![\w.,])\d+(,\d{3})*(\.\d+)?")
+_CURRENCY = (
+    r"dollars?|euros?|pounds?|francs?|marks?|crowns?|kronor|kronur|krona|yen|rupees?|pesos?|"
+    r"shillings?|guilders?|ducats?|florins?|lire|lira|rubles?|roubles?|yuan|dinars?|rand|won"
+)
+_MONEY = re.compile(
+    rf"[$€£¥₹]\s?\d|\d[\d,.]*\s*(thousand\s+|million\s+|billion\s+)?({_CURRENCY})\b", re.I
+)
+_LENGTH = re.compile(rf"\d[\d,.]*\s*(-\s*)?({_UNITS})\b", re.I)
+_PLACE_WORDS = (
+    r"Valley|River|Mountains?|Mount|Lake|Hills?|Coast|Province|Region|County|District|Island|"
+    r"Islands|Bay|Plain|Plains|Forest|Desert|Sea|Ocean|Gulf|Peninsula|Basin|Highlands|Canyon|"
+    r"Strait|City|Town|Village|State|Kingdom|Republic"
+)
+_PLACE = re.compile(
+    rf"\b(in|at|near|from|of|to|across|along|beside) (the )?[A-Z][\w'-]+( [A-Z][\w'-]+)*"
+    rf"( ({_PLACE_WORDS}))?\b"
+)
+_NAME_PAIR = re.compile(r"\b([A-Z][a-z'-]+(?: [A-Z][a-z'-]+)+)")
+_NOT_A_PERSON = re.compile(
+    rf"\b({_PLACE_WORDS}|Institute|Society|Guild|Academy|University|College|Company|Museum|"
+    r"Church|Party|Council|Association|Foundation|Bridge|Tower|Dam|Lighthouse|Hall|Station|"
+    r"Street|Road|Square|Park|Palace|Castle|Cathedral|Empire|War|Treaty|Act|Award|Prize)\b"
+)
+
+
+def question_type(question: str) -> AnswerType | None:
+    """The kind of value `question` asks for, or None when no cue says."""
+    for kind, pattern in _QUESTION:
+        if pattern.search(question):
+            return kind
+    return None
+
+
+def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
+    """Whether `sentence` holds a value of `kind` other than the question's own words
+    (`question_words`: lower-cased words of the question)."""
+    if kind is AnswerType.YEAR:
+        return bool(_YEAR.search(sentence))
+    if kind is AnswerType.MONEY:
+        return bool(_MONEY.search(sentence))
+    if kind is AnswerType.LENGTH:
+        return bool(_LENGTH.search(sentence))
+    if kind is AnswerType.COUNT:
+        return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
+    if kind is AnswerType.PLACE:
+        return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))
+    return any(
+        _is_new(m.group(), question_words) and not _NOT_A_PERSON.search(m.group())
+        for m in _NAME_PAIR.finditer(sentence)
+    )
+
+
+def _is_new(phrase: str, question_words: set[str]) -> bool:
+    """Whether a phrase has a capitalized word that the question does not contain."""
+    return any(
+        word[0].isupper() and word.lower() not in question_words
+        for word in re.findall(r"[\w'-]+", phrase)
+    )
