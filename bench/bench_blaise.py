@@ -452,6 +452,7 @@ class Run:
     tokens: list[int] = field(default_factory=list)
     latencies_ms: list[float] = field(default_factory=list)
     index_s: float = 0.0
+    index_cpu_s: float = 0.0
     add_s: float = 0.0
     misses: list[str] = field(default_factory=list)
 
@@ -469,7 +470,9 @@ def index_in_memory(docs, params: RankParams | None = None) -> float:
 
 
 def run_blaise(docs, facts, tokenizer, params: RankParams | None = None) -> Run:
+    cpu = time.process_time()
     run = Run(index_s=index_in_memory(docs, params))
+    run.index_cpu_s = time.process_time() - cpu
     with tempfile.TemporaryDirectory(prefix="bench-blaise-") as root:
         memory = Blaise(root, rank_params=params)
         started = time.perf_counter()
@@ -530,15 +533,73 @@ def run_baseline(docs, facts, tokenizer) -> Run:
 # ------------------------------------------------------------------------------- report
 
 
+VERSIONS = {
+    "basic": BASIC,
+    "hard": HARD,
+    "decoys": Hardness(decoys=True),
+    "low_overlap": Hardness(low_overlap=True),
+    "boundaries": Hardness(boundaries=True),
+}
+
+
 def percentile(values: list[float], share: float) -> float:
     ordered = sorted(values)
     return ordered[min(len(ordered) - 1, int(round(share * (len(ordered) - 1))))]
+
+
+def machine_header() -> list[str]:
+    lines = []
+    try:
+        with open("/proc/cpuinfo") as cpuinfo:
+            model = next(line for line in cpuinfo if line.startswith("model name"))
+        lines.append("cpu: " + model.split(":", 1)[1].strip() + f", {os.cpu_count()} cpus")
+    except (OSError, StopIteration):
+        pass
+    try:
+        import subprocess
+
+        commit = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False
+        ).stdout.strip()
+        lines.append(f"commit: {commit}")
+    except OSError:
+        pass
+    lines.append(f"python: {sys.version.split()[0]}")
+    return lines
+
+
+def run_version(articles, tokenizer, name: str, seeds: int, repeats: int, show_misses: bool):
+    rows = []
+    for seed in range(seeds):
+        docs, facts = build_case(articles, seed, VERSIONS[name])
+        run = run_blaise(docs, facts, tokenizer)
+        walls, cpus = [run.index_s], [run.index_cpu_s]
+        for _ in range(repeats - 1):
+            cpu = time.process_time()
+            walls.append(index_in_memory(docs))
+            cpus.append(time.process_time() - cpu)
+        run.index_s, run.index_cpu_s = statistics.median(walls), statistics.median(cpus)
+        base = run_baseline(docs, facts, tokenizer)
+        rows.append((run, base))
+        print(
+            f"{name} seed {seed}: Blaise {run.hits}/{len(facts)}, baseline {base.hits}/"
+            f"{len(facts)}; tokens/q median {statistics.median(run.tokens):.0f}; index "
+            f"{run.index_s * 1000:.0f} ms (cpu {run.index_cpu_s * 1000:.0f}); add "
+            f"{run.add_s * 1000:.0f} ms; select p50 {percentile(run.latencies_ms, 0.5):.2f} "
+            f"p95 {percentile(run.latencies_ms, 0.95):.2f} ms; load {os.getloadavg()[0]:.2f}",
+            flush=True,
+        )
+        if show_misses:
+            for miss in run.misses:
+                print("   miss:", miss)
+    return rows
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5, help="index-time repeats per seed")
+    parser.add_argument("--versions", default="basic,hard,decoys,low_overlap,boundaries")
     parser.add_argument("--show-misses", action="store_true")
     args = parser.parse_args(argv)
 
@@ -546,61 +607,49 @@ def main(argv: list[str] | None = None) -> int:
     tokenizer = TekkenTokenizer()
     corpus_bytes = sum(len(text.encode()) for _, text in articles)
     corpus_tokens = sum(len(tokenizer.encode(text)) for _, text in articles)
+    for line in machine_header():
+        print(line)
     print(
-        f"corpus: {NUM_ARTICLES} articles, {corpus_bytes:,} bytes, {corpus_tokens:,} Tekken tokens"
+        f"corpus: {NUM_ARTICLES} articles from gensim's enwiki test dump, {corpus_bytes:,} "
+        f"bytes, {corpus_tokens:,} Tekken tokens"
     )
     print("articles:", ", ".join(title for title, _ in articles))
-    print(f"load average: {os.getloadavg()[0]:.2f} {os.getloadavg()[1]:.2f}")
-    rows = []
-    for hard in (False, True):
-        for seed in range(args.seeds):
-            docs, facts = build_case(articles, seed, hard)
-            run = run_blaise(docs, facts, tokenizer)
-            run.index_s = statistics.median(
-                [run.index_s] + [index_in_memory(docs) for _ in range(args.repeats - 1)]
-            )
-            base = run_baseline(docs, facts, tokenizer)
-            rows.append((hard, seed, run, base))
-            print(
-                f"{'hard' if hard else 'basic'} seed {seed}: Blaise {run.hits}/{len(facts)} "
-                f"baseline {base.hits}/{len(facts)} tokens/q p50 {statistics.median(run.tokens):.0f} "
-                f"index {run.index_s * 1000:.0f} ms add {run.add_s * 1000:.0f} ms "
-                f"select p50 {percentile(run.latencies_ms, 0.5):.2f} p95 "
-                f"{percentile(run.latencies_ms, 0.95):.2f} ms",
-                flush=True,
-            )
-            if args.show_misses:
-                for miss in run.misses:
-                    print("   miss:", miss)
-    print_summary(rows)
+    print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    results = {}
+    for name in args.versions.split(","):
+        results[name] = run_version(
+            articles, tokenizer, name, args.seeds, args.repeats, args.show_misses
+        )
+    print(f"load average at end: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    print_summary(results)
     return 0
 
 
-def print_summary(rows) -> None:
+def print_summary(results) -> None:
     print()
-    print("| version | seeds | Blaise recall (min / median / max) | baseline recall | "
-          "tokens/q median (Blaise / baseline) | index median | add() median | "
-          "select p50 / p95 |")  # fmt: skip
-    print("|---|---|---|---|---|---|---|---|")
-    for hard in (False, True):
-        part = [row for row in rows if row[0] == hard]
-        if not part:
-            continue
-        hits = [run.hits for _, _, run, _ in part]
-        base_hits = [base.hits for _, _, _, base in part]
-        tokens = [t for _, _, run, _ in part for t in run.tokens]
-        base_tokens = [t for _, _, _, base in part for t in base.tokens]
-        latencies = [t for _, _, run, _ in part for t in run.latencies_ms]
+    print(
+        "| version | seeds | Blaise recall per seed | min / median | baseline min / median | "
+        "tokens/q median (p95), Blaise / baseline | index median wall (cpu) | add() median | "
+        "select p50 / p95 |"
+    )
+    print("|---|---|---|---|---|---|---|---|---|")
+    for name, rows in results.items():
+        hits = [run.hits for run, _ in rows]
+        base_hits = [base.hits for _, base in rows]
+        tokens = [t for run, _ in rows for t in run.tokens]
+        base_tokens = [t for _, base in rows for t in base.tokens]
+        latencies = [t for run, _ in rows for t in run.latencies_ms]
+        index_wall = statistics.median(run.index_s for run, _ in rows) * 1000
+        index_cpu = statistics.median(run.index_cpu_s for run, _ in rows) * 1000
         print(
-            f"| {'hard' if hard else 'basic'} | {len(part)} | {min(hits)} / "
-            f"{statistics.median(hits):.0f} / {max(hits)} | "
-            f"{min(base_hits)} / {statistics.median(base_hits):.0f} / {max(base_hits)} | "
-            f"{statistics.median(tokens):.0f} / {statistics.median(base_tokens):.0f} | "
-            f"{statistics.median(run.index_s for _, _, run, _ in part) * 1000:.0f} ms | "
-            f"{statistics.median(run.add_s for _, _, run, _ in part) * 1000:.0f} ms | "
+            f"| {name} | {len(rows)} | {' '.join(map(str, hits))} | {min(hits)} / "
+            f"{statistics.median(hits):.0f} | {min(base_hits)} / "
+            f"{statistics.median(base_hits):.0f} | {statistics.median(tokens):.0f} "
+            f"({percentile(tokens, 0.95):.0f}) / {statistics.median(base_tokens):.0f} | "
+            f"{index_wall:.0f} ms ({index_cpu:.0f} ms) | "
+            f"{statistics.median(run.add_s for run, _ in rows) * 1000:.0f} ms | "
             f"{percentile(latencies, 0.5):.2f} / {percentile(latencies, 0.95):.2f} ms |"
         )
-        print(f"  per seed: {hits} (baseline {base_hits})")
 
 
 if __name__ == "__main__":

@@ -43,6 +43,7 @@ yourself yourselves tell name named give know
 STOP_WORDS = frozenset(_STOP_WORDS_TEXT.split())
 _WORD = re.compile(r"\w+")
 _SENTENCE = re.compile(r"[.!?]\s+|\n\s*\n|\n(?=[*#|])")
+_SENTENCE_ENDS = (". ", ".\n", "? ", "! ", "\n\n")
 
 
 @dataclass(frozen=True, slots=True)
@@ -52,7 +53,7 @@ class RankParams:
     heading_weight: float = 2.0
     sentence_weight: float = 1.0
     answer_weight: float = 0.5  # times the question's total IDF
-    candidates: int = 40  # sections whose sentences are scored
+    candidates: int = 20  # sections whose sentences are scored
 
 
 class Analyzer:
@@ -60,7 +61,7 @@ class Analyzer:
     cached per word, so a corpus is stemmed once per distinct word."""
 
     def __init__(self) -> None:
-        self._stemmer = Stemmer.Stemmer("english")
+        self._stemmer = Stemmer.Stemmer("english", 0)  # no cache of its own: ours is faster
         self._stems: dict[str, str] = {}  # word -> stem ("" for a stop word)
 
     def terms(self, text: str) -> list[str]:
@@ -80,9 +81,11 @@ class Analyzer:
 
 @dataclass(slots=True)
 class _Indexed:
+    text: str
     terms: set[str]  # distinct terms of the section, headings included
-    sentences: list[list[str]]  # each sentence's terms, in order
-    raw: list[str]  # each sentence's text (for the answer-type check)
+    num_terms: int  # terms of the body
+    num_sentences: int  # an estimate made at indexing (for the average sentence length)
+    sentences: list[tuple[list[str], str]] | None = None  # (terms, text) once first scored
 
 
 class Ranker:
@@ -105,13 +108,12 @@ class Ranker:
         return section in self._sections
 
     def add(self, section: int, text: str, headings: tuple[str, ...] = ()) -> None:
+        """Indexes a section's terms. Its sentences are analyzed when a question first makes
+        it a candidate (most never are), which keeps indexing to one pass over the text."""
         if section in self._sections:
             raise KeyError(f"section {section} is already indexed")
-        parts = _SENTENCE.split(text)
-        terms_of = self.analyzer.sentence_terms(parts)
-        pairs = [(t, p) for t, p in zip(terms_of, parts, strict=True) if t]
-        sentences = [terms for terms, _ in pairs]
-        counts: dict[str, float] = dict(Counter(chain.from_iterable(sentences)))
+        body = self.analyzer.terms(text)
+        counts: dict[str, float] = dict(Counter(body))
         for term in self.analyzer.terms(" ".join(headings)):
             counts[term] = counts.get(term, 0.0) + self.params.heading_weight
         postings = self._postings
@@ -124,9 +126,10 @@ class Ranker:
         length = sum(counts.values())
         self._lengths[section] = length
         self._total_length += length
-        self._sections[section] = _Indexed(set(counts), sentences, [raw for _, raw in pairs])
-        self._num_sentences += len(sentences)
-        self._sentence_terms += sum(map(len, sentences))
+        num_sentences = 1 + sum(map(text.count, _SENTENCE_ENDS))
+        self._sections[section] = _Indexed(text, set(counts), len(body), num_sentences)
+        self._num_sentences += num_sentences
+        self._sentence_terms += len(body)
 
     def remove(self, section: int) -> None:
         indexed = self._sections.pop(section, None)
@@ -138,8 +141,15 @@ class Ranker:
             del posting[section]
             if not posting:
                 del self._postings[term]
-        self._num_sentences -= len(indexed.sentences)
-        self._sentence_terms -= sum(map(len, indexed.sentences))
+        self._num_sentences -= indexed.num_sentences
+        self._sentence_terms -= indexed.num_terms
+
+    def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[str], str]]:
+        if indexed.sentences is None:
+            parts = _SENTENCE.split(indexed.text)
+            terms_of = self.analyzer.sentence_terms(parts)
+            indexed.sentences = [(t, p) for t, p in zip(terms_of, parts, strict=True) if t]
+        return indexed.sentences
 
     def idf(self, term: str) -> float:
         df = len(self._postings.get(term, ()))
@@ -189,7 +199,7 @@ class Ranker:
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
         best, best_raw = 0.0, None
-        for terms, raw in zip(indexed.sentences, indexed.raw, strict=True):
+        for terms, raw in self._sentences_of(indexed):
             matched = [term for term in terms if term in idf]
             if not matched:
                 continue
