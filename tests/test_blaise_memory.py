@@ -151,7 +151,7 @@ def test_index_text_is_deterministic_and_append_only(tmp_path):
         memory.add("orchard.txt", ORCHARD)
         second = memory.index_text()
     assert second.startswith(first)
-    assert "harbour.md#2 | Harbour > Bridges |" in second
+    assert "harbour.md#2 | Harbour > Bridges | The Quorvane Bridge is 4,381 metres long." in second
     assert "orchard.txt#" in second[len(first) :]
     with open_memory(tmp_path / "other") as memory:
         memory.add("harbour.md", HARBOUR)

@@ -101,6 +101,24 @@ def render_index(documents) -> str:
 
 
 def opening_words(text: str, num_words: int = 16) -> str:
-    words = text.split()
+    """The first words of a section's text, past its heading lines."""
+    lines = text.splitlines()
+    while lines:
+        if len(lines) > 1 and _is_rule(lines[1]):  # a setext heading and its underline
+            del lines[:2]
+        elif not lines[0].strip() or _is_heading_line(lines[0]):
+            del lines[0]
+        else:
+            break
+    words = " ".join(lines).split()
     tail = " ..." if len(words) > num_words else ""
     return " ".join(words[:num_words]) + tail
+
+
+def _is_heading_line(line: str) -> bool:
+    return line.lstrip().startswith(("#", "=")) or _is_rule(line)
+
+
+def _is_rule(line: str) -> bool:
+    stripped = line.strip()
+    return len(stripped) >= 3 and set(stripped) <= {"-", "="}
