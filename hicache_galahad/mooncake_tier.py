@@ -60,7 +60,8 @@ _PREFLIGHT = """
 import os, sys
 from mooncake.store import MooncakeDistributedStore
 host, metadata, protocol, devices, master = sys.argv[1:]
-code = MooncakeDistributedStore().setup(host, metadata, 0, 0, protocol, devices, master)
+store = MooncakeDistributedStore()  # kept: its destructor would close() for ~1 s
+code = store.setup(host, metadata, 0, 0, protocol, devices, master)
 os._exit(0 if code == 0 else 3)
 """
 
