@@ -18,13 +18,23 @@ section holds the whole inserted fact. Rebuilt here:
   another entity), a question from a template that shares little but the name with the fact,
   and every third fact placed at a section boundary (just before or just after a heading).
 * baseline (RAGFlow-like): the same documents cut into chunks of at most 512 tokens at
-  sentence and line ends, plain BM25 (same analyzer), top-1 chunk.
+  sentence and line ends, plain BM25 (same analyzer), top-1 chunk; its tokens per question
+  are the chunk's and the question's.
+* each part of the hard version is also run alone (versions decoys, low_overlap,
+  boundaries), and `--ablation` reports the recall of each ranking stage.
+* second domain (`--corpus pydoc`): Python's help topics from the standard library's
+  pydoc_data, largest first until about 434 KB; the same facts and questions.
 * tokens: Mistral's Tekken tokenizer (tekken_240911.json, 131k vocabulary) from the
   mistral-common package, loaded from the file: nothing comes from a hub. Tokens per question
   count the whole prompt Blaise composes (preamble, source and heading path, section, padding
   to a 16-token page, question).
 
-    python bench/bench_blaise.py [--seeds 10] [--repeats 5] [--out FILE]
+    python bench/bench_blaise.py [--seeds 10] [--repeats 5] [--versions basic,hard,...]
+                                 [--corpus wiki|pydoc] [--ablation] [--show-misses]
+
+Index time is what `add` computes in memory (segmenting and indexing), wall and CPU time, the
+median of --repeats runs per seed; `add()` adds the durable record writes. Selection latency
+is `Blaise.select` (ranking plus the verified read of the section from the store).
 """
 
 from __future__ import annotations
@@ -130,6 +140,24 @@ def load_articles() -> list[tuple[str, str]]:
         key=lambda i: abs(sum(sizes[i : i + NUM_ARTICLES]) - TARGET_BYTES),
     )
     return articles[best : best + NUM_ARTICLES]
+
+
+def load_pydoc_topics() -> list[tuple[str, str]]:
+    """The second domain: Python's own help topics (pydoc_data, in the standard library),
+    largest first until they make up TARGET_BYTES."""
+    from pydoc_data.topics import topics
+
+    ordered = sorted(topics.items(), key=lambda item: (-len(item[1].encode()), item[0]))
+    chosen, total = [], 0
+    for name, text in ordered:
+        if total >= TARGET_BYTES:
+            break
+        chosen.append((name, text))
+        total += len(text.encode())
+    return chosen
+
+
+CORPORA = {"wiki": load_articles, "pydoc": load_pydoc_topics}
 
 
 class TekkenTokenizer:
@@ -595,26 +623,69 @@ def run_version(articles, tokenizer, name: str, seeds: int, repeats: int, show_m
     return rows
 
 
+ABLATIONS = {
+    "BM25 (stemmed, stop words out)": RankParams(
+        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0
+    ),
+    "+ heading path x2": RankParams(sentence_weight=0.0, answer_weight=0.0),
+    "+ best sentence": RankParams(answer_weight=0.0),
+    "+ answer type (Blaise)": RankParams(),
+}
+
+
+def run_ablation(articles, seeds: int, versions: list[str]) -> None:
+    """Recall of each ranking stage (selection only, in memory), summed over the seeds."""
+    cases = {
+        name: [build_case(articles, seed, VERSIONS[name]) for seed in range(seeds)]
+        for name in versions
+    }
+    print()
+    print(f"| ranking (recall, sum over {seeds} seeds of 100) | " + " | ".join(versions) + " |")
+    print("|---|" + "---|" * len(versions))
+    for label, params in ABLATIONS.items():
+        cells = []
+        for name in versions:
+            total = 0
+            for docs, facts in cases[name]:
+                ranker, texts = Ranker(params), []
+                for _, text in docs:
+                    data = text.encode()
+                    for section in segment(data):
+                        texts.append(data[section.start : section.end].decode())
+                        ranker.add(len(texts) - 1, texts[-1], section.headings)
+                for fact in facts:
+                    best = ranker.search(fact.question, 1)
+                    total += bool(best) and fact.sentence in texts[best[0][0]]
+            cells.append(f"{total} / {100 * seeds}")
+        print(f"| {label} | " + " | ".join(cells) + " |", flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--seeds", type=int, default=10)
     parser.add_argument("--repeats", type=int, default=5, help="index-time repeats per seed")
     parser.add_argument("--versions", default="basic,hard,decoys,low_overlap,boundaries")
     parser.add_argument("--show-misses", action="store_true")
+    parser.add_argument("--ablation", action="store_true", help="only the ranking ablation")
+    parser.add_argument("--corpus", choices=sorted(CORPORA), default="wiki")
     args = parser.parse_args(argv)
 
-    articles = load_articles()
+    articles = CORPORA[args.corpus]()
     tokenizer = TekkenTokenizer()
     corpus_bytes = sum(len(text.encode()) for _, text in articles)
     corpus_tokens = sum(len(tokenizer.encode(text)) for _, text in articles)
     for line in machine_header():
         print(line)
+    source = "gensim's enwiki test dump" if args.corpus == "wiki" else "pydoc_data topics"
     print(
-        f"corpus: {NUM_ARTICLES} articles from gensim's enwiki test dump, {corpus_bytes:,} "
-        f"bytes, {corpus_tokens:,} Tekken tokens"
+        f"corpus: {len(articles)} documents from {source}, {corpus_bytes:,} bytes, "
+        f"{corpus_tokens:,} Tekken tokens"
     )
     print("articles:", ", ".join(title for title, _ in articles))
     print(f"load average at start: {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if args.ablation:
+        run_ablation(articles, args.seeds, args.versions.split(","))
+        return 0
     results = {}
     for name in args.versions.split(","):
         results[name] = run_version(

@@ -121,4 +121,4 @@ def _is_heading_line(line: str) -> bool:
 
 def _is_rule(line: str) -> bool:
     stripped = line.strip()
-    return len(stripped) >= 3 and set(stripped) <= {"-", "="}
+    return len(stripped) >= 3 and len(set(stripped)) == 1 and stripped[0] in "=-*~^+"
