@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import atexit
 import contextlib
+import ctypes
 import importlib.util
 import os
 import re
@@ -69,6 +70,12 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind((BIND_ADDRESS, 0))
         return sock.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    """In the child before exec: SIGKILL when the test process dies, even by SIGKILL."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 def _kill_group(pgid: int, sig: int = signal.SIGKILL) -> None:
@@ -141,6 +148,7 @@ class MooncakeCluster:
                 stdin=subprocess.DEVNULL,
                 env=env,
                 start_new_session=True,
+                preexec_fn=_die_with_parent,
             )
         _running.add(process.pid)
         return process
