@@ -53,7 +53,7 @@ class RankParams:
     heading_weight: float = 2.0
     sentence_weight: float = 1.0
     answer_weight: float = 0.5  # times the question's total IDF
-    candidates: int = 20  # sections whose sentences are scored
+    candidates: int = 12  # sections whose sentences are scored
 
 
 class Analyzer:
