@@ -28,12 +28,13 @@ import ctypes
 import logging
 import mmap
 import os
+import queue
 import socket
 import subprocess
 import sys
 import threading
 import time
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
 
@@ -187,6 +188,31 @@ def _chunks(sizes: list[tuple[int, int]], capacity: int):
         yield run
 
 
+class _Worker:
+    """One daemon thread running calls in order: a stuck call never holds up interpreter exit."""
+
+    def __init__(self, name: str):
+        self._jobs: queue.SimpleQueue = queue.SimpleQueue()
+        threading.Thread(target=self._run, name=name, daemon=True).start()
+
+    def submit(self, fn, *args) -> Future:
+        future: Future = Future()
+        self._jobs.put((future, fn, args))
+        return future
+
+    def stop(self) -> None:
+        self._jobs.put(None)
+
+    def _run(self) -> None:
+        while (job := self._jobs.get()) is not None:
+            future, fn, args = job
+            if future.set_running_or_notify_cancel():
+                try:
+                    future.set_result(fn(*args))
+                except BaseException as error:
+                    future.set_exception(error)
+
+
 class MooncakeTier:
     """A Mooncake Store client that never raises into its caller and never stalls it."""
 
@@ -209,7 +235,7 @@ class MooncakeTier:
         self._overdue: Future | None = None  # a read call that ran past its caller's deadline
         self._reads: set[Future] = set()  # read calls submitted and not finished
         self._reported: set[str] = set()  # call sites whose unexpected error was logged
-        self._reader = ThreadPoolExecutor(1, thread_name_prefix="mooncake-read")
+        self._reader = _Worker("mooncake-read")
         self._connector = threading.Thread(target=self._connect_loop, name="mooncake-connect")
         self._writer = threading.Thread(target=self._write_loop, name="mooncake-write")
         self._connector.daemon = self._writer.daemon = True
@@ -326,9 +352,10 @@ class MooncakeTier:
             self._state.notify_all()
         self._count("put_skipped", discarded)
         deadline = time.monotonic() + timeout_s
-        self._reader.shutdown(wait=False, cancel_futures=True)
+        self._reader.stop()
         with self._call_lock:
             reads = list(self._reads)
+        reads = [read for read in reads if not read.cancel()]  # (callbacks take _call_lock)
         futures_wait(reads, timeout=max(0.0, deadline - time.monotonic()))
         for thread in (self._writer, self._connector):
             thread.join(max(0.0, deadline - time.monotonic()))

@@ -332,6 +332,48 @@ def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
     assert tier.counters()["timeouts"] >= 1
 
 
+STUCK_CHILD = """
+import json, sys, time
+from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
+while not tier.available:
+    time.sleep(0.05)
+print("ready", flush=True)
+sys.stdin.readline()
+started = time.monotonic()
+missed = tier.get_many(["x"], [10]) == [None]
+print(json.dumps({"missed": missed, "s": time.monotonic() - started}), flush=True)
+tier.close(timeout_s=1)
+"""
+
+
+@pytest.mark.slow
+def test_a_stuck_read_does_not_hold_up_process_exit(cluster):
+    child = subprocess.Popen(
+        [sys.executable, "-c", STUCK_CHILD, json.dumps(cluster.tier_config(timeout_s=1))],
+        cwd=REPO,
+        env=dict(os.environ, **ENV),
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+    )
+    try:
+        assert child.stdout.readline().strip() == "ready"
+        os.killpg(cluster.master.pid, signal.SIGSTOP)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        result = json.loads(child.stdout.readline())
+        assert result["missed"] and result["s"] < 2.0
+        started = time.monotonic()
+        child.wait(timeout=20)
+        assert time.monotonic() - started < 5  # the read stays stuck for ~30 s
+    finally:
+        child.kill()
+        child.wait()
+        os.killpg(cluster.master.pid, signal.SIGCONT)
+
+
 @pytest.mark.slow
 def test_hung_master_at_start_never_stalls_the_process(cluster, make_tier):
     os.killpg(cluster.master.pid, signal.SIGSTOP)  # accepts connections, answers nothing
