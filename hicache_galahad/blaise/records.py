@@ -101,7 +101,7 @@ class TextRecords:
         """Stores each [start, end) of `data` as a record; their keys, or None on failure."""
         keys = [section_key(doc_id, data[start:end]) for start, end in ranges]
         chunks = [data[start:end] for start, end in ranges]
-        results = self.store.put_many(self.namespace, keys, chunks) if keys else []
+        results = self.store.put_many(self.namespace, keys, chunks) if keys else []  # one batch
         return keys if all(results) else None
 
     def get_section(self, ref: SectionRef) -> bytes | None:
