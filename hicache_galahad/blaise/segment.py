@@ -27,6 +27,8 @@ _DIGITS_AND_SPACE = b"0123456789 \t\n\r\x0b\x0c"
 _BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*(?=\n)")
 _ATX = re.compile(rb"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
 _WIKI = re.compile(rb"^(={1,6})[ \t]*([^=].*?)[ \t]*\1[ \t]*$")
+_HEADING_MARKS = (b"#", b"=")
+_RULE_MARKS = (b"=", b"-", b"*", b"~", b"^", b"+")
 _SETEXT = re.compile(rb"^(=+|-+|\*+|~+|\^+|\++)[ \t]*$")  # markdown and reStructuredText
 # A sentence ends at . ! ? (and closing quotes or brackets), then whitespace, then something
 # that can start a sentence. Abbreviations and initials are checked separately.
@@ -128,11 +130,14 @@ def _blocks(data: bytes):
 
 def _heading(line: bytes, next_line: bytes) -> tuple[int, str] | None:
     text = line.strip()
-    for pattern in (_ATX, _WIKI):
-        match = pattern.match(text)
-        if match:
-            return len(match.group(1)), _title(match.group(2))
+    if text[:1] in _HEADING_MARKS:
+        for pattern in (_ATX, _WIKI):
+            match = pattern.match(text)
+            if match:
+                return len(match.group(1)), _title(match.group(2))
     rule = next_line.strip()
+    if rule[:1] not in _RULE_MARKS:
+        return None
     if text and _is_setext_rule(rule) and len(rule) >= 3 and not _is_setext_rule(text):
         return (1 if rule[:1] in b"=*" else 2), _title(text)
     return None
