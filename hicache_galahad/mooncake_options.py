@@ -52,6 +52,8 @@ class MooncakeOptions:
 
     The first seven fields are Mooncake's own setup() parameters (global_segment_size 0: a
     pure client, the recommended shape; dedicated `mooncake_client` daemons hold the memory).
+    local_buffer_size is Mooncake's staging buffer for its copying calls, which the tier does
+    not use (it reads and writes through its own registered buffers), hence 0.
     timeout_s bounds every read; queue_max_bytes bounds the write-behind queue;
     transfer_buffer_bytes is each of the two registered buffers (read, write), and so also
     the largest value the tier stores.
@@ -63,7 +65,7 @@ class MooncakeOptions:
     protocol: str = "tcp"
     rdma_devices: str = ""
     global_segment_size: int = 0
-    local_buffer_size: int = 16 * MIB
+    local_buffer_size: int = 0
     timeout_s: float = 2.0
     queue_max_bytes: int = 256 * MIB
     transfer_buffer_bytes: int = 64 * MIB
