@@ -23,7 +23,7 @@ from mooncake_cluster import (
     MooncakeCluster,
     RawClient,
     mooncake_cluster_fixture,
-    mooncake_missing,
+    skip_unless_mooncake,
 )
 
 from hicache_galahad.mooncake_tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
@@ -413,9 +413,7 @@ def test_daemon_killed_then_restarted(cluster, make_tier):
 
 @pytest.mark.slow
 def test_start_with_master_down_returns_at_once_and_connects_later(tmp_path, make_tier):
-    missing = mooncake_missing()
-    if missing:
-        pytest.skip(missing)
+    skip_unless_mooncake()
     os.environ.update(ENV)
     cluster_ = MooncakeCluster(tmp_path)  # ports chosen, nothing started
     try:
