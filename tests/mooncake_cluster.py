@@ -3,13 +3,14 @@
 `MooncakeCluster` starts `mooncake_master` and a dedicated `mooncake_client` daemon (which holds
 the memory; test clients are pure clients) on free 127.0.0.1 ports, each in its own process
 group with its log in the cluster's directory, and can SIGKILL or restart either. Every process
-it starts is killed by process group in `stop()`, which fixtures and an atexit hook call.
+it starts is killed by process group in `stop()`, which the fixture and an atexit hook call.
 
     cluster = mooncake_cluster_fixture(segment_bytes=64 << 20)   # a pytest fixture
 
 `mooncake_missing()` names what is missing (package, libibverbs) and `skip_unless_mooncake()`
-skips on it (fails under GALAHAD_REQUIRE_MOONCAKE=1);
-`RawClient` writes arbitrary values under arbitrary keys, as a hostile or buggy peer would.
+skips on it (fails under GALAHAD_REQUIRE_MOONCAKE=1). `RawClient` writes arbitrary values under
+arbitrary keys, as a hostile or buggy peer would. The processes also die with the test process
+(PR_SET_PDEATHSIG), so a SIGKILLed pytest leaves none behind.
 """
 
 from __future__ import annotations
