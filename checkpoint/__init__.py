@@ -1,23 +1,11 @@
-"""Recurrent-state checkpoint policy and record codec for hybrid models.
+"""Recurrent-state checkpoint policy for hybrid models.
 
 Pure Python: importing this package never imports torch or SGLang, so the policy can be
 read, tested and reused without a GPU. See docs/CHECKPOINTS.md for the rule it implements.
 """
 
-from checkpoint.errors import (
-    BadMagic,
-    DtypeMismatch,
-    GeometryMismatch,
-    GridMismatch,
-    MalformedHeader,
-    PositionMismatch,
-    StateRecordError,
-    TrailingBytes,
-    TruncatedRecord,
-    UnsupportedVersion,
-)
-from checkpoint.geometry import ComponentSpec, StateGeometry
 from checkpoint.grid import CheckpointGrid, cache_chunk_size, checkpoint_grid, track_grid
+from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolHits, PoolQuery, combine_pool_hits
 from checkpoint.policy import (
     PagesWithState,
     TrailingPagesHits,
@@ -25,32 +13,20 @@ from checkpoint.policy import (
     suffix_to_recompute,
     trailing_pages_hits,
 )
-from checkpoint.state import StateRecordHeader, pack_state, read_state_header, unpack_state
 
 __all__ = [
-    "BadMagic",
+    "ALL_PAGES",
+    "TRAILING_PAGES",
     "CheckpointGrid",
-    "ComponentSpec",
-    "DtypeMismatch",
-    "GeometryMismatch",
-    "GridMismatch",
-    "MalformedHeader",
     "PagesWithState",
-    "PositionMismatch",
-    "StateGeometry",
-    "StateRecordError",
-    "StateRecordHeader",
-    "TrailingBytes",
+    "PoolHits",
+    "PoolQuery",
     "TrailingPagesHits",
-    "TruncatedRecord",
-    "UnsupportedVersion",
     "cache_chunk_size",
     "checkpoint_grid",
-    "pack_state",
-    "read_state_header",
+    "combine_pool_hits",
     "restorable_boundary",
     "suffix_to_recompute",
     "track_grid",
     "trailing_pages_hits",
-    "unpack_state",
 ]

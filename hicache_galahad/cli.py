@@ -12,14 +12,15 @@ import json
 import os
 import sys
 
-from .store import NAMESPACE_FILE, RECORD_SUFFIX, RecordStore
+from .layout import NAMESPACE_FILE, RECORD_SUFFIX
+from .store import RecordStore
 
 
 def _namespaces(store: RecordStore):
     ns_root = os.path.join(store.root, "ns")
     for entry in sorted(os.scandir(ns_root), key=lambda item: item.name):
         if entry.is_dir(follow_symlinks=False):
-            yield entry, RecordStore._load_namespace(entry.path)
+            yield entry, store.layout.load_namespace(entry.name)
 
 
 def _stats(store: RecordStore) -> dict:

@@ -12,15 +12,14 @@ import stat
 
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
+from .errors import KeyFileError
+
 MASTER_KEY_BYTES = 32
 _HKDF_SALT = b"hicache-galahad/record-key/v1"
-
-
-class KeyFileError(ValueError):
-    """The master key file is missing, malformed or readable by others (a config error)."""
 
 
 def load_master_key(path: str) -> bytes:
@@ -59,6 +58,7 @@ class RecordCipher:
     """Seals and opens record payloads; the record header is the associated data."""
 
     def __init__(self, key: bytes):
+        self._key = key
         self._aead = AESGCM(key)
 
     @staticmethod
@@ -67,6 +67,13 @@ class RecordCipher:
 
     def seal(self, nonce: bytes, plaintext, header: bytes) -> bytes:
         return self._aead.encrypt(nonce, plaintext, header)
+
+    def decryptor(self, nonce: bytes, tag: bytes, header: bytes):
+        """A streaming decryptor (update / update_into / finalize, which raises InvalidTag):
+        for verifying or decrypting a record piece by piece, without holding it whole."""
+        decryptor = Cipher(algorithms.AES(self._key), modes.GCM(nonce, tag)).decryptor()
+        decryptor.authenticate_additional_data(header)
+        return decryptor
 
     def open(self, nonce: bytes, ciphertext_and_tag, header: bytes) -> bytes | None:
         """The plaintext, or None when the tag does not verify (wrong key, damage, tampering)."""

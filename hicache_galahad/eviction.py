@@ -16,23 +16,33 @@ class LruIndex:
     def __init__(self):
         self._entries: OrderedDict[object, int] = OrderedDict()
         self._lock = threading.Lock()
+        self._total_bytes = 0
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    def __contains__(self, location) -> bool:
+        return location in self._entries
+
+    @property
+    def total_bytes(self) -> int:
+        """Sum of the sizes of the indexed entries."""
+        return self._total_bytes
 
     def load(self, entries_oldest_first) -> None:
         """Adds (location, size) pairs, oldest first, behind nothing already indexed."""
         with self._lock:
             fresh = OrderedDict()
             for location, size in entries_oldest_first:
-                if location not in self._entries:
+                if location not in self._entries and location not in fresh:
                     fresh[location] = size
+                    self._total_bytes += size
             fresh.update(self._entries)
             self._entries = fresh
 
     def add(self, location, size: int) -> None:
         with self._lock:
-            self._entries.pop(location, None)
+            self._total_bytes += size - self._entries.pop(location, 0)
             self._entries[location] = size
 
     def touch(self, location) -> None:
@@ -53,11 +63,16 @@ class LruIndex:
 
     def discard(self, location) -> int | None:
         with self._lock:
-            return self._entries.pop(location, None)
+            size = self._entries.pop(location, None)
+            if size is not None:
+                self._total_bytes -= size
+            return size
 
     def pop_oldest(self):
         """(location, size) of the least recently used entry, or None when empty."""
         with self._lock:
             if not self._entries:
                 return None
-            return self._entries.popitem(last=False)
+            location, size = self._entries.popitem(last=False)
+            self._total_bytes -= size
+            return location, size

@@ -14,15 +14,13 @@ import hashlib
 import os
 import struct
 
+from .errors import FingerprintError
+
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz")
 SAMPLE_BLOCKS = 16
 SAMPLE_BLOCK_BYTES = 64 * 1024
 MAX_SMALL_FILE_BYTES = 16 * 1024 * 1024
 MAX_SAFETENSORS_HEADER_BYTES = 100 * 1024 * 1024
-
-
-class FingerprintError(ValueError):
-    pass
 
 
 def _digest_file(path: str, hasher) -> None:

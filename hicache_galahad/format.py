@@ -2,7 +2,7 @@
 
 Pure code: no I/O, no torch, no sglang. A record is a fixed 112-byte little-endian header, the
 key echo, then the payload. The digest (or the AES-GCM tag) covers the header and the payload,
-so any flipped bit anywhere in a record is caught. Every validation rule of FORMAT.md (V1..V16)
+so any flipped bit anywhere in a record is caught. Every validation rule of FORMAT.md (V0..V16)
 has its own exception class here, each carrying its rule id.
 """
 
@@ -12,6 +12,8 @@ import struct
 from dataclasses import dataclass
 
 import xxhash
+
+from .errors import FormatError
 
 MAGIC = b"GALAHAD\x00"
 FORMAT_VERSION = 1
@@ -39,10 +41,8 @@ MAX_RAW_BYTES = 1 << 32  # 4 GiB: far above any KV page or state checkpoint
 MAX_PAYLOAD_BYTES = MAX_RAW_BYTES + (MAX_RAW_BYTES >> 7) + (1 << 16)  # zstd worst-case bound
 
 
-class FormatError(Exception):
-    """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
-
-    rule = "V?"
+class NotARegularFileError(FormatError):
+    rule = "V0"
 
 
 class TruncatedHeaderError(FormatError):
@@ -110,6 +110,7 @@ class RawSizeError(FormatError):
 
 
 ALL_ERRORS = (
+    NotARegularFileError,
     TruncatedHeaderError,
     BadMagicError,
     UnsupportedVersionError,

@@ -19,11 +19,24 @@ _LEDGER = struct.Struct("<Q")
 class Ledger:
     """Total bytes of a root's records, shared by every process through a locked file."""
 
-    def __init__(self, path: str):
-        self._fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    def __init__(self, path: str, read_only: bool = False):
+        self._read_only = read_only
+        self._fd = None
+        if read_only:
+            try:
+                self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
+            except OSError:
+                self._fd = None  # a store nobody has written yet
+        else:
+            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
         self._thread_lock = threading.Lock()
 
     def _locked(self, update):
+        if self._fd is None:
+            return update(0)[1]
+        if self._read_only:
+            raw = os.pread(self._fd, _LEDGER.size, 0)
+            return update(_LEDGER.unpack(raw)[0] if len(raw) == _LEDGER.size else 0)[1]
         with self._thread_lock:
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
@@ -54,4 +67,6 @@ class Ledger:
         self._locked(lambda current: (value, None))
 
     def close(self) -> None:
-        os.close(self._fd)
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None

@@ -23,6 +23,7 @@ COUNTER_NAMES = (
     "evicted_bytes",
     "quarantined",
     "stale_temp_removed",
+    "unexpected_errors",
 )
 
 
@@ -52,7 +53,7 @@ class RateLimitedLog:
         self._last_s: dict[str, float] = {}
         self._suppressed: dict[str, int] = {}
 
-    def warning(self, topic: str, message: str, *args) -> None:
+    def warning(self, topic: str, message: str, *args, exc_info: bool = False) -> None:
         now_s = time.monotonic()
         with self._lock:
             last_s = self._last_s.get(topic)
@@ -63,4 +64,4 @@ class RateLimitedLog:
             suppressed = self._suppressed.pop(topic, 0)
         if suppressed:
             message += f" ({suppressed} similar warnings suppressed)"
-        self._logger.warning(message, *args)
+        self._logger.warning(message, *args, exc_info=exc_info)

@@ -33,6 +33,6 @@ def parse_bytes(value: int | str) -> int:
         return value
     if isinstance(value, str):
         match = _SIZE.match(value)
-        if match and match.group(2).lower() in _UNITS:
+        if match and match.group(2).lower() in _UNITS and len(match.group(1)) <= 24:
             return int(float(match.group(1)) * _UNITS[match.group(2).lower()])
     raise ValueError(f"expected a byte size such as 1048576, '500MB' or '64GiB', got {value!r}")

@@ -246,15 +246,38 @@ def create_galahad(
     *,
     fingerprint: str | None = FINGERPRINT,
     config: dict | None = None,
+    as_server: bool = True,
     **options,
 ):
     """GalahadStorage through StorageBackendFactory's "dynamic" loader, pools registered.
     `config` holds HiCacheStorageConfig fields (tp_rank, model_name, ...); `options` go into
     the extra config."""
     storage_cfg = storage_config(galahad_extra(root, fingerprint, **options), **(config or {}))
-    backend = StorageBackendFactory.create_backend("dynamic", storage_cfg, kv_pool)
-    register(backend, kv_pool, pools)
+    with _fp8_server_args(kv_pool if as_server else None):
+        backend = StorageBackendFactory.create_backend("dynamic", storage_cfg, kv_pool)
+        register(backend, kv_pool, pools)
     return backend
+
+
+@contextlib.contextmanager
+def _fp8_server_args(kv_pool):
+    """Host pools keep fp8 KV as uint8; only a server's --kv-cache-dtype tells the backend
+    which fp8 format it holds. For an fp8 pool built here (e4m3), stand in for the server's
+    arguments the way a scheduler process publishes them."""
+    import types
+    from unittest import mock
+
+    from hicache_galahad import binding
+
+    if kv_pool is None or kv_pool.dtype != torch.uint8 or binding.server_args() is not None:
+        yield
+        return
+
+    args = types.SimpleNamespace(
+        kv_cache_dtype="fp8_e4m3", mamba_ssm_dtype=None, dtype="bfloat16", model_path=None
+    )
+    with mock.patch("hicache_galahad.binding.server_args", lambda: args):
+        yield
 
 
 def create_hicache_file(directory, kv_pool=None, pools: dict | None = None, **config):

@@ -25,8 +25,9 @@ if REPO_ROOT not in sys.path:  # when run as a script
     sys.path.insert(0, REPO_ROOT)
 
 from hicache_galahad import format as fmt  # noqa: E402
+from hicache_galahad.layout import RECORD_SUFFIX, TEMP_PREFIX  # noqa: E402
 from hicache_galahad.namespace import Namespace  # noqa: E402
-from hicache_galahad.store import RECORD_SUFFIX, TEMP_PREFIX, RecordStore  # noqa: E402
+from hicache_galahad.store import RecordStore  # noqa: E402
 
 PYTHON = sys.executable
 HELPER = os.path.abspath(__file__)
@@ -97,7 +98,7 @@ def ns_dir(root, namespace: Namespace = NS_A) -> str:
 
 
 def record_path(root, namespace: Namespace, key: str) -> str:
-    from hicache_galahad.store import record_filename
+    from hicache_galahad.layout import record_filename
 
     return os.path.join(ns_dir(root, namespace), record_filename(key))
 

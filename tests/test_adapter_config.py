@@ -221,7 +221,7 @@ def test_encryption_and_compression_round_trip_on_every_path(galahad, tmp_path, 
     mamba = transfer(PoolName.MAMBA, keys[3:], [3], policy=PoolHitPolicy.TRAILING_PAGES)
     assert backend.batch_set_v2([mamba]) == {"mamba": [True]}
 
-    root = backend.options.root
+    root = backend.store.root
     page = bytes(page_bytes(kv, 0).numpy())
     record = record_path(root, keys[0]).read_bytes()
     if "zstd" in mode:  # header and key echo included, smaller than the raw page

@@ -55,7 +55,7 @@ def test_a_damaged_record_is_a_miss_on_every_path(galahad, offset):
     """Each read path meets a damaged record first (keys 1, 3, 5, 7 and the state of key 1)."""
     kv, states = mha_pool("page_first_direct"), mamba_pool()
     backend = galahad(kv, {PoolName.MAMBA: states})
-    root = backend.options.root
+    root = backend.store.root
     keys = page_keys(8, f"damage-{offset}")
     assert backend.batch_set_v1(keys, slots_of(range(8), 4)) == [True] * 8
     results = backend.batch_set_v2([transfer(PoolName.MAMBA, keys[:2], [0, 1])])
@@ -96,7 +96,7 @@ def test_damage_of_other_kinds_is_a_miss(galahad):
     backend = galahad(kv)
     keys = page_keys(6, "kinds")
     assert backend.batch_set_v1(keys, slots_of(range(6), 4)) == [True] * 6
-    root = backend.options.root
+    root = backend.store.root
     paths = [record_path(root, key) for key in keys]
     os.truncate(paths[0], paths[0].stat().st_size - 1)  # truncated
     os.truncate(paths[1], 0)  # empty
@@ -129,7 +129,7 @@ def test_trailing_boundary_snaps_back_to_an_intact_state(galahad):
         assert backend.batch_set_v2([transfer(PoolName.MAMBA, [keys[index]], [index])]) == {
             "mamba": [True]
         }
-    root = backend.options.root
+    root = backend.store.root
     assert normalized(backend.batch_exists_v2(keys, [tail()])) == (
         6,
         {"kv": 8, "mamba": 6},
@@ -159,7 +159,7 @@ def test_trailing_window_2_with_missing_and_damaged_states(galahad):
         [transfer(PoolName.MAMBA, [keys[i] for i in state_pages], state_pages)]
     )
     assert results == {"mamba": [True] * 4}
-    root = backend.options.root
+    root = backend.store.root
     assert normalized(backend.batch_exists_v2(keys, [tail(2)])) == (
         7,
         {"kv": 8, "mamba": 7},

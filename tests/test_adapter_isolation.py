@@ -98,7 +98,7 @@ def test_other_instances_see_nothing_and_clear_only_their_own(galahad, differenc
     assert mine.batch_get_v2([transfer(PoolName.MAMBA, keys[3:], [9])]) == {"mamba": [True]}
 
     mine.clear()
-    assert mine.batch_exists(keys) == 0 and record_files(mine.options.root) == []
+    assert mine.batch_exists(keys) == 0 and record_files(mine.store.root) == []
 
 
 def test_states_belong_to_the_kv_namespace_they_were_saved_with(galahad):
@@ -141,17 +141,14 @@ def test_mla_kv_is_shared_across_tp_ranks_but_states_are_not(galahad):
     assert (result.kv_hit_pages, result.extra_pool_hit_pages) == (0, {"kv": 2})
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="outside a server: SGLang host pools store fp8 KV as uint8 and keep no trace of "
-    "the fp8 format; inside a server the namespace takes --kv-cache-dtype from SGLang's "
-    "server arguments (test_fp8_formats_are_isolated_inside_a_server)",
-)
-def test_fp8_formats_are_isolated(galahad):
-    e4m3, e5m2 = mha_pool(dtype=torch.float8_e4m3fn), mha_pool(dtype=torch.float8_e5m2)
-    keys = page_keys(1, "fp8")
-    assert galahad(e4m3).batch_set_v1(keys, slots_of([0], 4)) == [True]
-    assert galahad(e5m2).batch_exists(keys) == 0
+def test_fp8_pools_outside_a_server_are_refused_loudly(galahad):
+    """Host pools keep fp8 KV as uint8, so e4m3 and e5m2 look alike; outside a server the
+    KV dtype cannot be read from SGLang's arguments, and binding such a pool is a config
+    error at start rather than a namespace that cannot tell the two formats apart."""
+    from hicache_galahad.errors import ConfigError
+
+    with pytest.raises(ConfigError, match="kv-cache-dtype"):
+        galahad(mha_pool(dtype=torch.float8_e4m3fn), as_server=False)
 
 
 def test_fp8_formats_are_isolated_inside_a_server(galahad, monkeypatch):
@@ -159,16 +156,16 @@ def test_fp8_formats_are_isolated_inside_a_server(galahad, monkeypatch):
     KV cache dtype into every namespace, which tells the two fp8 formats apart."""
     import types
 
-    from hicache_galahad import adapter
+    from hicache_galahad import binding
 
     keys = page_keys(1, "fp8-server")
     monkeypatch.setattr(
-        adapter, "_server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e4m3")
+        binding, "server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e4m3")
     )
     e4m3 = galahad(mha_pool(dtype=torch.float8_e4m3fn))
     assert e4m3.batch_set_v1(keys, slots_of([0], 4)) == [True]
     assert galahad(mha_pool(dtype=torch.float8_e4m3fn)).batch_exists(keys) == 1
     monkeypatch.setattr(
-        adapter, "_server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e5m2")
+        binding, "server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e5m2")
     )
     assert galahad(mha_pool(dtype=torch.float8_e5m2)).batch_exists(keys) == 0

@@ -110,7 +110,7 @@ def read(path: str, backend, pool, keys, pages) -> list[bool]:
 def test_every_kv_path_reads_back_what_every_path_wrote(galahad, pool_id):
     pool = KV_POOLS[pool_id]()
     backend = galahad(pool, {}, config={"is_mla_model": pool_id.startswith("mla")})
-    assert backend._kv().layout.supported  # the zero-copy path is the one under test
+    assert backend.binder.kv().layout.supported  # the zero-copy path is the one under test
     for writer in PATHS:
         keys = page_keys(len(SRC_PAGES), f"{pool_id}/{writer}")
         write(writer, backend, pool, keys, SRC_PAGES)
@@ -135,8 +135,8 @@ def test_flat_page_fallback_and_zero_copy_share_records(galahad, pool_id):
     small = build(layout, KV_DTYPES[dtype], tokens=4, ratio=1.0)
     small_pages = small.size // small.page_size
     zero_copy, fallback = galahad(big), galahad(small)
-    assert zero_copy._kv().layout.supported and not fallback._kv().layout.supported
-    assert zero_copy._kv().namespace == fallback._kv().namespace
+    assert zero_copy.binder.kv().layout.supported and not fallback.binder.kv().layout.supported
+    assert zero_copy.binder.kv().namespace == fallback.binder.kv().namespace
 
     keys = page_keys(1, f"fallback/{pool_id}")
     assert fallback.batch_set_v1(keys, slots_of([0], small.page_size)) == [True]
@@ -156,7 +156,7 @@ def test_mamba_states_round_trip_through_v2(galahad, pool_id):
     states = MAMBA_POOLS[pool_id]()
     kv = mha_pool("page_first")
     backend = galahad(kv, {PoolName.MAMBA: states})
-    assert backend._bindings["mamba"].layout.supported
+    assert backend.binder.bindings["mamba"].layout.supported
     keys = page_keys(len(SRC_PAGES), f"mamba/{pool_id}")
     mamba = PoolHitPolicy.TRAILING_PAGES
     results = backend.batch_set_v2([transfer(PoolName.MAMBA, keys, SRC_PAGES, policy=mamba)])
@@ -173,7 +173,7 @@ def test_mamba_states_zero_copy_and_flat_page_fallback_agree(galahad):
     small = mamba_pool(conv_states=2, side_state=True, slots=1, ratio=1.0, seed=7)
     zero_copy = galahad(mha_pool(), {PoolName.MAMBA: big})
     fallback = galahad(mha_pool(), {PoolName.MAMBA: small})
-    assert not fallback._bindings["mamba"].layout.supported
+    assert not fallback.binder.bindings["mamba"].layout.supported
     keys = page_keys(2, "mamba-fallback")
     assert zero_copy.batch_set_v2([transfer(PoolName.MAMBA, keys[:1], [4])]) == {"mamba": [True]}
     assert fallback.batch_set_v2([transfer(PoolName.MAMBA, keys[1:], [0])]) == {"mamba": [True]}
@@ -301,7 +301,7 @@ def test_wrong_size_flat_pages_are_refused_without_harming_records(galahad):
     assert backend.exists(keys[0]) and backend.store.stats()["quarantined"] == 0
     assert backend.set(keys[1], short) is False
     assert backend.batch_set(keys[1:], [long_]) is False
-    assert record_path(backend.options.root, keys[1]) is None
+    assert record_path(backend.store.root, keys[1]) is None
     assert backend.batch_get_v1(keys[:1], slots_of([3], 4)) == [True]
     assert_pages_equal(pool, [0], [3])
 

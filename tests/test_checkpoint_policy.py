@@ -488,8 +488,7 @@ def test_importing_checkpoint_imports_neither_torch_nor_sglang():
         import sys
         for blocked in ("torch", "sglang", "numpy"):
             sys.modules[blocked] = None  # any import of them now raises ImportError
-        import checkpoint, checkpoint.grid, checkpoint.policy, checkpoint.state
-        import checkpoint.geometry, checkpoint.errors
+        import checkpoint, checkpoint.grid, checkpoint.policy, checkpoint.hits
         leaked = [m for m in sys.modules if m.split(".")[0] in ("torch", "sglang", "numpy")
                   and sys.modules[m] is not None]
         assert not leaked, leaked

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import re
 import struct
@@ -197,6 +198,24 @@ def test_V15_decompression():
     garbage = data[:header_len] + b"\x28\xb5\x2f\xfd" + bytes(len(data) - header_len - 4)
     with pytest.raises(fmt.DecompressionError):
         decode(resealed(garbage))
+
+
+@pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
+def test_V0_only_regular_files_are_records(tmp_path, kind):
+    from hicache_galahad.reader import open_record
+
+    path = tmp_path / "0".zfill(64)
+    target = tmp_path / "elsewhere"
+    target.write_bytes(record())
+    if kind == "symlink":
+        path.symlink_to(target)
+    elif kind == "fifo":
+        os.mkfifo(path)  # opening it must neither block nor succeed
+    else:
+        path.mkdir()
+    with pytest.raises(fmt.NotARegularFileError):
+        os.close(open_record(str(path)))
+    os.close(open_record(str(target)))
 
 
 def test_V16_raw_size_expected_by_reader():

@@ -1,0 +1,117 @@
+"""The byte budget of a store root: a cap on all records and a free-space floor.
+
+Pure policy over three collaborators, so it can be tested with fakes: the shared `Ledger`
+(bytes claimed by every process), the `LruIndex` (this process's view of evictable records,
+oldest first) and an `Evictor` that deletes what the policy chooses. Eviction never starts
+unless deleting everything it can see could cover the shortfall: a ledger that over-counts
+(leaked reservations, a damaged ledger) must fail a put, never empty the store.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import Protocol
+
+from .eviction import LruIndex
+
+
+class LedgerLike(Protocol):
+    def read(self) -> int: ...
+    def reserve(self, amount: int, limit: int | None) -> bool: ...
+    def release(self, amount: int) -> None: ...
+
+
+class Evictor(Protocol):
+    def evict_quarantined(self) -> bool:
+        """Deletes the oldest quarantined file; False when there is none."""
+
+    def quarantined_bytes(self) -> int: ...
+
+    def remove(self, location) -> int | None:
+        """Deletes an indexed record; the bytes it freed, or None if it was already gone."""
+
+    def load_unindexed(self) -> None:
+        """Adds records that other processes wrote since the last scan to the index."""
+
+
+class Budget:
+    def __init__(
+        self,
+        ledger: LedgerLike,
+        index: LruIndex,
+        evictor: Evictor,
+        *,
+        max_bytes: int | None,
+        min_free_bytes: int,
+        free_bytes: Callable[[], int],
+        on_event: Callable[[str, int], None] = lambda name, amount: None,
+    ):
+        self.ledger = ledger
+        self.index = index
+        self.evictor = evictor
+        self.max_bytes = max_bytes
+        self.min_free_bytes = min_free_bytes
+        self._free_bytes = free_bytes
+        self._on_event = on_event
+        self._pending_bytes = 0
+        self._pending_lock = threading.Lock()
+
+    @property
+    def pending_bytes(self) -> int:
+        """Bytes this process has reserved for writes not yet published or abandoned."""
+        with self._pending_lock:
+            return self._pending_bytes
+
+    def reserve(self, amount: int) -> bool:
+        """Claims `amount` bytes, evicting least recently used records as needed and possible."""
+        if self.max_bytes is not None and amount > self.max_bytes:
+            return False  # can never fit: evicting every record first would only lose them
+        while not self.ledger.reserve(amount, self.max_bytes):
+            if not self._evict_toward(lambda: self.ledger.read() + amount - self.max_bytes):
+                return False
+        with self._pending_lock:
+            self._pending_bytes += amount
+        try:
+            while self.min_free_bytes and self._free_shortfall() > 0:
+                if not self._evict_toward(self._free_shortfall):
+                    self.end_reservation(amount, keep=False)
+                    return False
+        except OSError:
+            self.end_reservation(amount, keep=False)
+            return False
+        return True
+
+    def end_reservation(self, amount: int, *, keep: bool) -> None:
+        """Ends a reservation: kept when its record was published, else released."""
+        with self._pending_lock:
+            self._pending_bytes -= amount
+        if not keep:
+            self.ledger.release(amount)
+
+    def _free_shortfall(self) -> int:
+        return self.min_free_bytes - (self._free_bytes() - self.pending_bytes)
+
+    def _evictable_bytes(self) -> int:
+        return self.index.total_bytes + self.evictor.quarantined_bytes()
+
+    def _evict_toward(self, shortfall: Callable[[], int]) -> bool:
+        """Evicts one file toward covering `shortfall()` bytes; False (and nothing deleted)
+        when everything evictable could not cover it."""
+        missing = shortfall()
+        if missing > self._evictable_bytes():
+            self.evictor.load_unindexed()
+            missing = shortfall()
+            if missing > self._evictable_bytes():
+                self._on_event("budget_unreconciled", missing)
+                return False
+        if self.evictor.evict_quarantined():
+            return True
+        victim = self.index.pop_oldest()
+        if victim is None:
+            return False
+        freed = self.evictor.remove(victim[0])
+        if freed is not None:  # else another process removed it (and released its bytes)
+            self._on_event("evictions", 1)
+            self._on_event("evicted_bytes", freed)
+        return True

@@ -1,0 +1,146 @@
+"""`check`: every record under a root verified with the reader's own rules.
+
+A record is sound, damaged (it broke a rule no reader configuration explains: quarantined by
+`fix`) or unverifiable (what failed could be this checker's configuration: a missing or wrong
+key, a plaintext record in an encrypted store; never touched). The decision is
+reader.reader_may_be_wrong, the same one the read path makes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from . import format as fmt
+from .layout import FileEntry, StoreLayout, temp_is_stale
+from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
+from .reader import RecordReader, reader_may_be_wrong
+
+
+@dataclass
+class CheckReport:
+    records: int = 0
+    record_bytes: int = 0
+    damaged: list = field(default_factory=list)  # (path, "Vn: what failed")
+    unverifiable: list = field(default_factory=list)  # (path, "Vn: what failed")
+    stray_temp_files: list = field(default_factory=list)
+    unreadable_dirs: list = field(default_factory=list)  # (path, error)
+    quarantined_files: int = 0
+    ledger_bytes: int = 0
+    actual_bytes: int = 0
+    fixed: bool = False
+
+    @property
+    def ledger_drift_bytes(self) -> int:
+        return self.ledger_bytes - self.actual_bytes
+
+    @property
+    def clean(self) -> bool:
+        return not self.damaged and not self.stray_temp_files and self.ledger_drift_bytes == 0
+
+    def as_dict(self) -> dict:
+        return {
+            "records": self.records,
+            "record_bytes": self.record_bytes,
+            "damaged": [list(item) for item in self.damaged],
+            "unverifiable": [list(item) for item in self.unverifiable],
+            "stray_temp_files": self.stray_temp_files,
+            "unreadable_dirs": [list(item) for item in self.unreadable_dirs],
+            "quarantined_files": self.quarantined_files,
+            "ledger_bytes": self.ledger_bytes,
+            "actual_bytes": self.actual_bytes,
+            "ledger_drift_bytes": self.ledger_drift_bytes,
+            "clean": self.clean,
+            "fixed": self.fixed,
+        }
+
+
+def _problem(error: fmt.FormatError) -> str:
+    return f"{error.rule}: {error}"
+
+
+class Checker:
+    def __init__(
+        self,
+        layout: StoreLayout,
+        reader: RecordReader,
+        quarantine: Quarantine,
+        correct_ledger: Callable[[int], int],
+        read_ledger: Callable[[], int],
+    ):
+        self.layout = layout
+        self.reader = reader
+        self.quarantine = quarantine
+        self._correct_ledger = correct_ledger
+        self._read_ledger = read_ledger
+
+    def check(self, fix: bool = False, on_record: Callable[[FileEntry], None] | None = None):
+        report = CheckReport()
+
+        def unreadable(path, error):
+            report.unreadable_dirs.append((path, str(error)))
+
+        for dirname in self.layout.namespace_dirnames(unreadable):
+            self._check_namespace(dirname, report, fix, on_record, unreadable)
+        if fix:
+            self.quarantine.trim(QUARANTINE_KEEP_FILES)
+        report.quarantined_files = len(self.quarantine.names())
+        report.actual_bytes = self.disk_bytes()
+        report.ledger_bytes = self._read_ledger()
+        if fix:
+            report.ledger_bytes = self._correct_ledger(report.actual_bytes)
+            report.fixed = True
+        return report
+
+    def disk_bytes(self) -> int:
+        """Bytes the ledger should count: records plus quarantined files."""
+        return sum(entry.size_bytes for entry in self.layout.records()) + (
+            self.quarantine.total_bytes()
+        )
+
+    def _check_namespace(self, dirname, report, fix, on_record, unreadable) -> None:
+        namespace = self.layout.load_namespace(dirname)
+        for entry in sorted(self.layout.temp_files([dirname], unreadable), key=_name):
+            if temp_is_stale(entry):
+                report.stray_temp_files.append(entry.path)
+                if fix:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
+        tag_failures = []  # judged once we know whether this key opens any record here
+        for entry in sorted(self.layout.records([dirname], unreadable), key=_name):
+            if on_record is not None:
+                on_record(entry)
+            try:
+                self.reader.verify_file(entry, namespace)
+            except FileNotFoundError:
+                continue  # evicted or purged while we scanned: not damage
+            except fmt.AuthenticationError as error:
+                tag_failures.append((entry, error))
+                continue
+            except fmt.FormatError as error:
+                self._judge(entry, error, report, fix, key_proven=True)
+                continue
+            except OSError as error:
+                report.unverifiable.append((entry.path, f"unreadable: {error}"))
+                continue
+            report.records += 1
+            report.record_bytes += entry.size_bytes
+        key_proven = self.reader.key_proven(dirname)
+        for entry, error in tag_failures:
+            self._judge(entry, error, report, fix, key_proven)
+
+    def _judge(self, entry: FileEntry, error, report: CheckReport, fix: bool, key_proven: bool):
+        if reader_may_be_wrong(error, key_proven):
+            report.records += 1
+            report.record_bytes += entry.size_bytes
+            report.unverifiable.append((entry.path, _problem(error)))
+            return
+        report.damaged.append((entry.path, _problem(error)))
+        if fix:
+            self.quarantine.move(entry.path, entry.dirname, entry.inode)
+
+
+def _name(entry: FileEntry) -> str:
+    return entry.name

@@ -1,0 +1,35 @@
+"""The exception tree: one root, configuration errors apart from data errors.
+
+    GalahadError
+      ConfigError          a setting is wrong: raised at start, naming the key and the value
+        KeyFileError       the encryption key file is missing, malformed or too open
+        FingerprintError   the model's weights cannot be identified
+      FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
+        (one subclass per rule V1..V16, in format.py)
+
+Data errors never leave the store: a record that raises a FormatError is a miss.
+"""
+
+from __future__ import annotations
+
+
+class GalahadError(Exception):
+    """Root of every error hicache_galahad raises on purpose."""
+
+
+class ConfigError(GalahadError, ValueError):
+    """A configuration mistake; raised at start, never during I/O."""
+
+
+class KeyFileError(ConfigError):
+    """The master key file is missing, malformed or readable by others."""
+
+
+class FingerprintError(ConfigError):
+    """The weights the cache belongs to cannot be established."""
+
+
+class FormatError(GalahadError):
+    """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
+
+    rule = "V?"

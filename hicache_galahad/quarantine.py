@@ -1,0 +1,105 @@
+"""Damaged records, moved aside for inspection and trimmed to the newest few.
+
+A quarantined file stays counted in the ledger until it is trimmed (its bytes are still on
+disk). The quarantine directory is reached only through a descriptor opened without following
+symlinks, so no move or deletion here can reach outside the store root.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import threading
+import time
+
+from .eviction import LruIndex
+from .ledger import Ledger
+from .metrics import Counters
+
+QUARANTINE_KEEP_FILES = 32
+
+
+class Quarantine:
+    def __init__(self, quarantine_dir: str, ledger: Ledger, index: LruIndex, counters: Counters):
+        self._dir = quarantine_dir
+        self._ledger = ledger
+        self._index = index
+        self._counters = counters
+        self._lock = threading.Lock()
+
+    def _dir_fd(self) -> int:
+        return os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+
+    def move(self, path: str, dirname: str, inode: int | None = None) -> bool:
+        """Moves the record at `path` into quarantine. With `inode`, only if the file there is
+        still the one that was found damaged (not a fresh record published since)."""
+        filename = os.path.basename(path)
+        try:
+            if inode is not None and os.lstat(path).st_ino != inode:
+                return False
+            dir_fd = self._dir_fd()
+        except OSError:
+            return False
+        try:
+            os.rename(path, f"{time.time_ns()}-{dirname}-{filename}", dst_dir_fd=dir_fd)
+        except OSError:
+            return False
+        finally:
+            os.close(dir_fd)
+        self._index.discard((dirname, filename))
+        self._counters.add("quarantined")
+        return True
+
+    def move_and_trim(self, path: str, dirname: str, inode: int | None = None) -> bool:
+        moved = self.move(path, dirname, inode)
+        if moved:
+            self.trim(QUARANTINE_KEEP_FILES)
+        return moved
+
+    def names(self) -> list[str]:
+        try:
+            dir_fd = self._dir_fd()
+        except OSError:
+            return []
+        try:
+            return sorted(os.listdir(dir_fd))
+        finally:
+            os.close(dir_fd)
+
+    def trim(self, keep_files: int, max_files: int | None = None) -> int:
+        """Deletes the oldest quarantined files beyond `keep_files` (at most `max_files`);
+        returns how many it deleted."""
+        with self._lock:
+            try:
+                dir_fd = self._dir_fd()
+            except OSError:
+                return 0
+            try:
+                names = sorted(os.listdir(dir_fd))
+                victims = names[: max(0, len(names) - keep_files)]
+                if max_files is not None:
+                    victims = victims[:max_files]
+                removed = 0
+                for name in victims:
+                    with contextlib.suppress(OSError):
+                        size = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+                        os.unlink(name, dir_fd=dir_fd)
+                        self._ledger.release(size)
+                        removed += 1
+                return removed
+            finally:
+                os.close(dir_fd)
+
+    def total_bytes(self) -> int:
+        try:
+            dir_fd = self._dir_fd()
+        except OSError:
+            return 0
+        try:
+            total = 0
+            for name in os.listdir(dir_fd):
+                with contextlib.suppress(OSError):
+                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+            return total
+        finally:
+            os.close(dir_fd)

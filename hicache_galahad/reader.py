@@ -1,0 +1,317 @@
+"""The verified read paths: the one place that decides whether a record may be served.
+
+`RecordReader.read_into` serves a record into the caller's buffers; `verify_file` checks a
+record found on disk (for `check`) with the same rules, streaming, without holding it whole.
+Both raise a format.FormatError naming the broken rule; the store turns that into a miss.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+
+from cryptography.exceptions import InvalidTag
+
+from . import format as fmt
+from .codec import RecordCodec
+from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, record_filename
+from .namespace import Namespace
+
+READ_CHUNK_BYTES = 1 << 20
+IOV_MAX = 1024
+FAST_READ_MAX_BYTES = 1 << 20
+TOUCHED_LOCATIONS_MAX = 1_000_000
+
+
+def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
+    """Failures that a wrong configuration of the reader would cause on a sound record: a
+    plaintext or unprotected record in an encrypted store (V12), a page size the reader got
+    wrong (V16), and a tag that fails before any record of the namespace opened with this
+    reader's key (V14: most likely a wrong key). Such records are left in place; only proven
+    damage is quarantined."""
+    if isinstance(error, fmt.ProtectionPolicyError | fmt.RawSizeError):
+        return True
+    if isinstance(error, fmt.AuthenticationError):
+        return not key_proven
+    return False
+
+
+def _read_batches(segments):
+    """Groups buffers into preadv calls of about READ_CHUNK_BYTES (large ones are split), so
+    each batch is still in cache when it is hashed."""
+    batch, batch_bytes = [], 0
+    for segment in segments:
+        for offset in range(0, len(segment), READ_CHUNK_BYTES):
+            piece = segment[offset : offset + READ_CHUNK_BYTES]
+            batch.append(piece)
+            batch_bytes += len(piece)
+            if batch_bytes >= READ_CHUNK_BYTES or len(batch) >= IOV_MAX:
+                yield batch
+                batch, batch_bytes = [], 0
+    if batch:
+        yield batch
+
+
+def open_record(path: str) -> int:
+    """A descriptor of the regular file at `path`; never follows a symlink, never blocks on a
+    FIFO. Raises FileNotFoundError, or NotARegularFileError (V0) for anything else there."""
+    try:
+        fd = os.open(path, RECORD_OPEN_FLAGS)
+    except FileNotFoundError:
+        raise
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+            raise fmt.NotARegularFileError(f"{path} is not a regular file") from error
+        raise
+    try:
+        if not is_regular(fd):
+            raise fmt.NotARegularFileError(f"{path} is not a regular file")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+class RecordReader:
+    """Reads records of one store root, verifying every rule of docs/FORMAT.md."""
+
+    def __init__(self, layout: StoreLayout, codec: RecordCodec, *, read_only: bool = False):
+        self.layout = layout
+        self.codec = codec
+        self.read_only = read_only
+        self._key_proven: set[str] = set()  # namespaces where this reader's key opened a record
+        self._touched: set = set()
+        self._sound_wrong_size: set[int] = set()  # inodes of sound records of another size
+
+    def key_proven(self, dirname: str) -> bool:
+        return dirname in self._key_proven
+
+    # ------------------------------------------------------------- serving reads
+
+    def read_into(self, namespace: Namespace, key: str, out) -> None:
+        """Fills `out` (a buffer, or a list of buffers filled in order) with the record's
+        verified raw bytes, whose size must be exactly the record's. Raises
+        FileNotFoundError, format.FormatError (with `.inode` set) or OSError."""
+        segments = fmt.as_segments(out)
+        key_bytes = fmt.encode_key(key)
+        raw_len = sum(len(segment) for segment in segments)
+        path = self.layout.record_path(namespace.dirname, key)
+        fd = open_record(path)
+        try:
+            if not (
+                raw_len <= FAST_READ_MAX_BYTES
+                and len(segments) < IOV_MAX - 2
+                and self._read_fast(fd, namespace, key_bytes, segments, raw_len)
+            ):
+                info = os.fstat(fd)
+                try:
+                    self._read_verified(fd, info.st_size, namespace, key_bytes, segments)
+                except fmt.FormatError as error:
+                    error.inode = info.st_ino
+                    raise
+            self._persist_recency(fd, namespace.dirname, os.path.basename(path))
+        finally:
+            os.close(fd)
+
+    def raw_len(self, namespace: Namespace, key: str) -> int:
+        """The raw size a record declares, after its header checks (V0-V12)."""
+        fd = open_record(self.layout.record_path(namespace.dirname, key))
+        try:
+            header, _ = self.read_header(fd, os.fstat(fd).st_size, namespace, fmt.encode_key(key))
+            return header.raw_len
+        finally:
+            os.close(fd)
+
+    def _persist_recency(self, fd: int, dirname: str, filename: str) -> None:
+        """Sets the record's mtime once per process, so eviction after a restart knows which
+        records were used (a read-only reader changes nothing)."""
+        location = (dirname, filename)
+        if self.read_only or location in self._touched:
+            return
+        with contextlib.suppress(OSError):  # e.g. a read-only mount
+            os.utime(fd)
+        if len(self._touched) > TOUCHED_LOCATIONS_MAX:
+            self._touched.clear()
+        self._touched.add(location)
+
+    def _read_fast(self, fd, namespace, key_bytes, segments, raw_len: int) -> bool:
+        """One preadv for header, key echo and payload, straight into the caller's buffers.
+        True only if the record passes every rule; on any doubt the caller re-reads it on the
+        full path, which names the rule that failed."""
+        codec = self.codec
+        if codec.encrypted:
+            return False
+        head = bytearray(fmt.FIXED_HEADER_BYTES + len(key_bytes))
+        sentinel = bytearray(1)  # stays empty only if the file ends where it should
+        if os.preadv(fd, [head, *segments, sentinel], 0) != len(head) + raw_len:
+            return False
+        if (
+            head[: fmt.DIGEST_OFFSET]
+            != codec.expected_plain_header(namespace, len(key_bytes), raw_len)
+            or head[fmt.FIXED_HEADER_BYTES :] != key_bytes
+            or head[fmt.DIGEST_OFFSET + codec.digest_bytes : fmt.FIXED_HEADER_BYTES]
+            != codec.digest_padding
+        ):
+            return False
+        hasher = fmt.new_digest(codec.digest_alg)
+        if hasher is None:
+            return codec.allow_unverified
+        fmt.hash_header(hasher, head)
+        for segment in segments:
+            hasher.update(segment)
+        return hasher.digest() == head[fmt.DIGEST_OFFSET : fmt.DIGEST_OFFSET + codec.digest_bytes]
+
+    def read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes):
+        """(header, its bytes) of the record open at fd, after V1-V12."""
+        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+        header = fmt.parse_header(prefix, file_len)
+        self.codec.check_identity(header, key_bytes, namespace.digest)
+        return header, prefix[: header.header_len]
+
+    def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
+        header, header_bytes = self.read_header(fd, file_len, namespace, key_bytes)
+        expected_len = sum(len(segment) for segment in segments)
+        if header.raw_len != expected_len:
+            # Damage first (V13-V15), so that only a sound record of another size is V16;
+            # checked piece by piece (never more than a chunk in memory, whatever the record
+            # claims), and once per file.
+            inode = os.fstat(fd).st_ino
+            if inode not in self._sound_wrong_size:
+                self._verify_payload_stream(fd, header, header_bytes, namespace.tenant)
+                if len(self._sound_wrong_size) > TOUCHED_LOCATIONS_MAX:
+                    self._sound_wrong_size.clear()
+                self._sound_wrong_size.add(inode)
+            raise fmt.RawSizeError(
+                f"record holds {header.raw_len} bytes, reader expects {expected_len}"
+            )
+        if not header.compressed and not header.encrypted:
+            self._read_plain_into(fd, header, header_bytes, segments)
+            return
+        body = memoryview(self._read_decoded(fd, header, header_bytes, namespace)).cast("B")
+        offset = 0
+        for segment in segments:
+            segment[:] = body[offset : offset + len(segment)]
+            offset += len(segment)
+
+    def _read_decoded(self, fd, header, header_bytes, namespace: Namespace):
+        """The raw page of a record read whole: digest or tag, decryption, decompression."""
+        payload = bytearray(header.payload_len)
+        if os.preadv(fd, [payload], header.header_len) != header.payload_len:
+            raise fmt.LengthMismatchError("record shrank while being read")
+        body = self.codec.decode_payload(header, header_bytes, payload, namespace.tenant)
+        if header.encrypted:
+            self._key_proven.add(namespace.dirname)
+        return body
+
+    def _read_plain_into(self, fd, header, header_bytes, segments) -> None:
+        """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
+        hasher = fmt.new_digest(header.digest_alg)
+        if hasher is not None:
+            fmt.hash_header(hasher, header_bytes)
+        position = header.header_len
+        for batch in _read_batches(segments):
+            expected = sum(len(piece) for piece in batch)
+            if os.preadv(fd, batch, position) != expected:
+                raise fmt.LengthMismatchError("record shrank while being read")
+            position += expected
+            if hasher is not None:
+                for piece in batch:
+                    hasher.update(piece)
+        if hasher is not None and hasher.digest() != header.digest:
+            raise fmt.DigestMismatchError("digest mismatch")
+
+    # ------------------------------------------------------------- checking files on disk
+
+    def verify_file(self, entry: FileEntry, namespace: Namespace | None) -> fmt.Header:
+        """Applies every rule to a record file found by a scan, reading it piece by piece.
+        `namespace` is what the directory's namespace.json describes (None if unreadable);
+        the key is the record's own echo, which must match the file name (V10)."""
+        fd = open_record(entry.path)
+        try:
+            file_len = os.fstat(fd).st_size
+            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+            header = fmt.parse_header(prefix, file_len)
+            if header.namespace.hex()[:32] != entry.dirname or (
+                namespace is not None and header.namespace != namespace.digest
+            ):
+                raise fmt.NamespaceMismatchError("record is not of its directory's namespace")
+            if record_filename(header.key.decode("utf-8", "surrogateescape")) != entry.name:
+                raise fmt.KeyMismatchError("file name does not match the record's key")
+            self.codec.check_identity(header, header.key, header.namespace)
+            tenant = namespace.tenant if namespace is not None else None
+            self._verify_payload_stream(fd, header, prefix[: header.header_len], tenant)
+            if header.encrypted:
+                self._key_proven.add(entry.dirname)
+            return header
+        finally:
+            os.close(fd)
+
+    def _verify_payload_stream(self, fd, header, header_bytes, tenant: str | None) -> None:
+        """V13-V15 over the payload, READ_CHUNK_BYTES at a time."""
+        hasher = fmt.new_digest(header.digest_alg)
+        if hasher is not None:
+            fmt.hash_header(hasher, header_bytes)
+        decryptor = None
+        body_len = header.payload_len
+        if header.encrypted:
+            cipher = self.codec.cipher(tenant) if tenant is not None else None
+            if cipher is None:
+                raise fmt.AuthenticationError("encrypted record and no key for it")
+            body_len -= fmt.TAG_BYTES
+            tag = os.pread(fd, fmt.TAG_BYTES, header.header_len + body_len)
+            decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
+        source = _PayloadSource(fd, header.header_len, body_len, hasher, decryptor)
+        decoded_len = _decoded_length(source, header.raw_len) if header.compressed else body_len
+        source.drain()
+        if hasher is not None and hasher.digest() != header.digest:
+            raise fmt.DigestMismatchError("digest mismatch")
+        if decryptor is not None:
+            try:
+                decryptor.finalize()
+            except InvalidTag:
+                raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
+        if decoded_len != header.raw_len:
+            raise fmt.DecompressionError("payload does not decode to exactly its raw length")
+
+
+class _PayloadSource:
+    """A record's payload as a file-like source that hashes and decrypts what it hands out."""
+
+    def __init__(self, fd: int, start: int, length: int, hasher, decryptor):
+        self._fd, self._position, self._end = fd, start, start + length
+        self._hasher, self._decryptor = hasher, decryptor
+
+    def read(self, size: int = -1) -> bytes:
+        size = self._end - self._position if size < 0 else min(size, self._end - self._position)
+        if size <= 0:
+            return b""
+        data = os.pread(self._fd, size, self._position)
+        if len(data) != size:
+            raise fmt.LengthMismatchError("record shrank while being read")
+        self._position += size
+        if self._hasher is not None:
+            self._hasher.update(data)
+        return self._decryptor.update(data) if self._decryptor is not None else data
+
+    def drain(self) -> None:
+        while self.read(READ_CHUNK_BYTES):
+            pass
+
+
+def _decoded_length(source: _PayloadSource, raw_len: int) -> int:
+    """What a zstd frame decodes to, counted piece by piece, never past raw_len + 1 bytes."""
+    import zstandard
+
+    try:
+        with zstandard.ZstdDecompressor().stream_reader(
+            source, read_size=READ_CHUNK_BYTES, closefd=False
+        ) as frames:
+            decoded = 0
+            while chunk := frames.read(min(READ_CHUNK_BYTES, raw_len + 1 - decoded) or 1):
+                decoded += len(chunk)
+                if decoded > raw_len:
+                    break
+            return decoded
+    except zstandard.ZstdError as error:
+        raise fmt.DecompressionError(str(error)) from error
