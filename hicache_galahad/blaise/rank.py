@@ -20,7 +20,8 @@ from __future__ import annotations
 import heapq
 import math
 import re
-from collections import Counter
+from collections import Counter, defaultdict
+from collections.abc import KeysView
 from dataclasses import dataclass
 from itertools import chain
 
@@ -82,7 +83,7 @@ class Analyzer:
 @dataclass(slots=True)
 class _Indexed:
     text: str
-    terms: set[str]  # distinct terms of the section, headings included
+    terms: KeysView[str]  # distinct terms of the section, headings included
     num_terms: int  # terms of the body
     num_sentences: int  # an estimate made at indexing (for the average sentence length)
     sentences: list[tuple[list[str], str]] | None = None  # (terms, text) once first scored
@@ -94,7 +95,7 @@ class Ranker:
     def __init__(self, params: RankParams | None = None, analyzer: Analyzer | None = None):
         self.params = params or RankParams()
         self.analyzer = analyzer or Analyzer()
-        self._postings: dict[str, dict[int, float]] = {}  # term -> {section: weighted tf}
+        self._postings: defaultdict[str, dict[int, float]] = defaultdict(dict)  # term -> {id: tf}
         self._lengths: dict[int, float] = {}
         self._total_length = 0.0
         self._sections: dict[int, _Indexed] = {}
@@ -113,21 +114,19 @@ class Ranker:
         if section in self._sections:
             raise KeyError(f"section {section} is already indexed")
         body = self.analyzer.terms(text)
-        counts: dict[str, float] = dict(Counter(body))
-        for term in self.analyzer.terms(" ".join(headings)):
-            counts[term] = counts.get(term, 0.0) + self.params.heading_weight
+        counts: Counter[str] = Counter(body)
+        length = float(len(body))
+        if headings:
+            for term in self.analyzer.terms(" ".join(headings)):
+                counts[term] += self.params.heading_weight  # type: ignore[assignment]
+                length += self.params.heading_weight
         postings = self._postings
         for term, tf in counts.items():
-            posting = postings.get(term)
-            if posting is None:
-                postings[term] = {section: tf}
-            else:
-                posting[section] = tf
-        length = sum(counts.values())
+            postings[term][section] = tf
         self._lengths[section] = length
         self._total_length += length
         num_sentences = 1 + sum(map(text.count, _SENTENCE_ENDS))
-        self._sections[section] = _Indexed(text, set(counts), len(body), num_sentences)
+        self._sections[section] = _Indexed(text, counts.keys(), len(body), num_sentences)
         self._num_sentences += num_sentences
         self._sentence_terms += len(body)
 
