@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import logging
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -324,3 +326,14 @@ def test_compose_pads_with_the_given_id_and_checks_the_page_size():
 def test_prompt_is_none_without_a_match(tmp_path):
     with open_memory(tmp_path) as memory:
         assert memory.prompt("anything at all?", ByteTokenizer(), page_size=4) is None
+
+
+def test_the_package_imports_without_torch_or_sglang():
+    code = (
+        "import sys\n"
+        "sys.modules.update(torch=None, sglang=None, transformers=None)\n"
+        "import hicache_galahad.blaise, hicache_galahad.blaise.cli\n"
+        "print('ok')\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
