@@ -135,6 +135,13 @@ class Binder:
                 Namespace(self.tenant, self.model_fingerprint, name, geometry)
             )
             binding = PoolBinding(name, pool, namespace)
+            max_bytes = self.store.max_bytes
+            if max_bytes is not None and max_bytes < binding.page_bytes:
+                raise ConfigError(
+                    f"hicache_galahad option 'max_bytes': got {max_bytes}, expected at least "
+                    f"one page of pool {name!r} ({binding.page_bytes} bytes plus its header), "
+                    "or no cap"
+                )
             self.bindings[name] = binding
             log.info(
                 "galahad: pool %s bound to namespace %s (%d-byte pages, zero-copy %s)",

@@ -17,9 +17,12 @@ from .eviction import LruIndex
 
 
 class LedgerLike(Protocol):
+    needs_rebuild: bool
+
     def read(self) -> int: ...
     def reserve(self, amount: int, limit: int | None) -> bool: ...
-    def release(self, amount: int) -> None: ...
+    def commit(self, amount: int) -> None: ...
+    def release_reservation(self, amount: int) -> None: ...
 
 
 class Evictor(Protocol):
@@ -45,6 +48,8 @@ class Budget:
         max_bytes: int | None,
         min_free_bytes: int,
         free_bytes: Callable[[], int],
+        rebuild: Callable[[], bool] = lambda: False,
+        reclaim: Callable[[], bool] = lambda: False,
         on_event: Callable[[str, int], None] = lambda name, amount: None,
     ):
         self.ledger = ledger
@@ -53,6 +58,8 @@ class Budget:
         self.max_bytes = max_bytes
         self.min_free_bytes = min_free_bytes
         self._free_bytes = free_bytes
+        self._rebuild = rebuild  # recounts the ledger from disk (rate-limited); True if it did
+        self._reclaim = reclaim  # takes back reservations of dead processes; True if any
         self._on_event = on_event
         self._pending_bytes = 0
         self._pending_lock = threading.Lock()
@@ -67,6 +74,8 @@ class Budget:
         """Claims `amount` bytes, evicting least recently used records as needed and possible."""
         if self.max_bytes is not None and amount > self.max_bytes:
             return False  # can never fit: evicting every record first would only lose them
+        if self.ledger.needs_rebuild:
+            self._rebuild()
         while not self.ledger.reserve(amount, self.max_bytes):
             if not self._evict_toward(lambda: self.ledger.read() + amount - self.max_bytes):
                 return False
@@ -86,8 +95,10 @@ class Budget:
         """Ends a reservation: kept when its record was published, else released."""
         with self._pending_lock:
             self._pending_bytes -= amount
-        if not keep:
-            self.ledger.release(amount)
+        if keep:
+            self.ledger.commit(amount)
+        else:
+            self.ledger.release_reservation(amount)
 
     def _free_shortfall(self) -> int:
         return self.min_free_bytes - (self._free_bytes() - self.pending_bytes)
@@ -98,12 +109,19 @@ class Budget:
     def _evict_toward(self, shortfall: Callable[[], int]) -> bool:
         """Evicts one file toward covering `shortfall()` bytes; False (and nothing deleted)
         when everything evictable could not cover it."""
+        if self._reclaim():  # space held by writers that died comes back before any eviction
+            return True
         missing = shortfall()
         if missing > self._evictable_bytes():
+            # Either records other processes wrote are not indexed yet, or the ledger claims
+            # bytes nothing on disk explains (leaked reservations, a damaged ledger): look
+            # again, recount, and only then give up, without deleting anything.
             self.evictor.load_unindexed()
+            if shortfall() > self._evictable_bytes() and self._rebuild():
+                return True
             missing = shortfall()
             if missing > self._evictable_bytes():
-                self._on_event("budget_unreconciled", missing)
+                self._on_event("budget_unreconciled", 1)
                 return False
         if self.evictor.evict_quarantined():
             return True

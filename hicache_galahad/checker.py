@@ -67,14 +67,16 @@ class Checker:
         layout: StoreLayout,
         reader: RecordReader,
         quarantine: Quarantine,
-        correct_ledger: Callable[[int], int],
+        rebuild_ledger: Callable[[], int],
         read_ledger: Callable[[], int],
+        is_alive: Callable[[str], bool],
     ):
         self.layout = layout
         self.reader = reader
         self.quarantine = quarantine
-        self._correct_ledger = correct_ledger
+        self._rebuild_ledger = rebuild_ledger
         self._read_ledger = read_ledger
+        self._is_alive = is_alive
 
     def check(self, fix: bool = False, on_record: Callable[[FileEntry], None] | None = None):
         report = CheckReport()
@@ -90,20 +92,21 @@ class Checker:
         report.actual_bytes = self.disk_bytes()
         report.ledger_bytes = self._read_ledger()
         if fix:
-            report.ledger_bytes = self._correct_ledger(report.actual_bytes)
+            report.ledger_bytes = self._rebuild_ledger()
+            report.actual_bytes = self.disk_bytes()
             report.fixed = True
         return report
 
     def disk_bytes(self) -> int:
         """Bytes the ledger should count: records plus quarantined files."""
-        return sum(entry.size_bytes for entry in self.layout.records()) + (
+        return sum(entry.accounted_bytes for entry in self.layout.records()) + (
             self.quarantine.total_bytes()
         )
 
     def _check_namespace(self, dirname, report, fix, on_record, unreadable) -> None:
         namespace = self.layout.load_namespace(dirname)
         for entry in sorted(self.layout.temp_files([dirname], unreadable), key=_name):
-            if temp_is_stale(entry):
+            if temp_is_stale(entry, self._is_alive):
                 report.stray_temp_files.append(entry.path)
                 if fix:
                     with contextlib.suppress(OSError):

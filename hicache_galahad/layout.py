@@ -1,10 +1,10 @@
 """Where everything lives under a store root, and how the root is scanned.
 
     <root>/ledger                          byte ledger shared by every process (ledger.py)
-    <root>/presence.lock                   every open store holds it shared
+    <root>/procs/<token>.lock              held by each process that has the store open
     <root>/ns/<namespace>/namespace.json   what the namespace is (tenant, model, pool, geometry)
     <root>/ns/<namespace>/<key>.rec        one record per key (docs/FORMAT.md)
-    <root>/ns/<namespace>/.tmp-<pid>-<random>-<name>.part   a write in progress
+    <root>/ns/<namespace>/.tmp-<token>-<random>-<name>.part   a write in progress
     <root>/quarantine/<time>-<namespace>-<name>             damaged records, newest few kept
 
 Nothing under the root is ever followed through a symbolic link: directories are listed with
@@ -53,12 +53,9 @@ def is_temp_name(name: str) -> bool:
     return name.startswith(TEMP_PREFIX)
 
 
-def temp_writer_pid(name: str) -> int | None:
-    """The pid of the process writing a temp file, from its name."""
-    try:
-        return int(name[len(TEMP_PREFIX) :].split("-", 1)[0])
-    except ValueError:
-        return None
+def temp_writer(name: str) -> str:
+    """The token (or, for files of older versions, the pid) of a temp file's writer."""
+    return name[len(TEMP_PREFIX) :].split("-", 1)[0]
 
 
 def pid_alive(pid: int) -> bool:
@@ -79,6 +76,12 @@ def fsync_dir(path: str) -> None:
         os.close(fd)
 
 
+def accounted_bytes(info: os.stat_result) -> int:
+    """The bytes a file costs the budget: its size, or what it really occupies if that is
+    less (a sparse file claiming a terabyte must not make the store evict everything)."""
+    return min(info.st_size, info.st_blocks * 512)
+
+
 def is_regular(fd: int) -> bool:
     return stat.S_ISREG(os.fstat(fd).st_mode)
 
@@ -91,6 +94,7 @@ class FileEntry:
     name: str
     path: str
     size_bytes: int
+    accounted_bytes: int
     mtime_ns: int
     inode: int
 
@@ -107,7 +111,6 @@ class StoreLayout:
         self.ns_root = os.path.join(self.root, "ns")
         self.quarantine_dir = os.path.join(self.root, "quarantine")
         self.ledger_path = os.path.join(self.root, "ledger")
-        self.presence_path = os.path.join(self.root, "presence.lock")
         self._dirs: dict[str, str] = {}
 
     def create(self) -> None:
@@ -123,10 +126,28 @@ class StoreLayout:
     def record_path(self, dirname: str, key: str) -> str:
         return os.path.join(self.namespace_dir(dirname), record_filename(key))
 
-    def new_temp_path(self, dirname: str, filename: str) -> str:
+    def new_temp_path(self, dirname: str, filename: str, writer_token: str) -> str:
         stem = filename[: -len(RECORD_SUFFIX)]
-        name = f"{TEMP_PREFIX}{os.getpid()}-{os.urandom(4).hex()}-{stem}{TEMP_SUFFIX}"
+        name = f"{TEMP_PREFIX}{writer_token}-{os.urandom(4).hex()}-{stem}{TEMP_SUFFIX}"
         return os.path.join(self.namespace_dir(dirname), name)
+
+    def unlink_record(self, dirname: str, filename: str) -> int | None:
+        """Deletes a record through its directory opened without following symlinks; the
+        bytes it was accounted for, or None if it was not there."""
+        try:
+            dir_fd = os.open(
+                self.namespace_dir(dirname), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
+            )
+        except OSError:
+            return None
+        try:
+            info = os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+            os.unlink(filename, dir_fd=dir_fd)
+        except OSError:
+            return None
+        finally:
+            os.close(dir_fd)
+        return accounted_bytes(info)
 
     # ------------------------------------------------------------- scans
 
@@ -157,7 +178,13 @@ class StoreLayout:
             except FileNotFoundError:
                 continue
             yield FileEntry(
-                dirname, entry.name, entry.path, info.st_size, info.st_mtime_ns, info.st_ino
+                dirname,
+                entry.name,
+                entry.path,
+                info.st_size,
+                accounted_bytes(info),
+                info.st_mtime_ns,
+                info.st_ino,
             )
 
     def records(self, dirnames=None, on_error=None) -> Iterator[FileEntry]:
@@ -238,13 +265,14 @@ class StoreLayout:
         return removed
 
 
-def temp_is_stale(entry: FileEntry, now_s: float | None = None) -> bool:
-    """A temp file is stale when its writer process is gone (or it is a day old)."""
-    pid = temp_writer_pid(entry.name)
-    if pid is None:
-        return True
-    if pid == os.getpid():
-        return False
-    if not pid_alive(pid):
+def temp_is_stale(entry: FileEntry, is_alive, now_s: float | None = None) -> bool:
+    """A temp file is stale when its writer is gone (or it is a day old). `is_alive(token)`
+    tells whether the process holding a store token is alive."""
+    writer = temp_writer(entry.name)
+    if writer.isdigit():  # a temp file of an older version, named by pid
+        alive = int(writer) == os.getpid() or pid_alive(int(writer))
+    else:
+        alive = is_alive(writer)
+    if not alive:
         return True
     return (now_s or time.time()) - entry.mtime_ns / 1e9 > STALE_TEMP_AGE_S

@@ -1,72 +1,323 @@
 """The byte ledger of a store root, shared by every process that has the root open.
 
-One little-endian u64 in a file, read and updated under flock(2) (and a thread lock, since
-flock does not exclude threads sharing a descriptor). Reservations are taken before a record is
-written and released when a write fails or a record is deleted, so the bytes on disk never
-exceed what the ledger says; a crash can only leave it over-counting (the safe direction).
+    <root>/ledger       magic "GLEDGER2", committed bytes (u64), entry count (u32), 0 (u32),
+                        then per open process: token (16 ASCII bytes), reserved bytes (u64)
+    <root>/procs/<token>.lock   held (flock, exclusive) by that process while it lives
+
+Committed bytes are the records and quarantined files on disk; each process's entry is what it
+has reserved for writes in flight. A put reserves first (failing if the total would pass the
+cap), then commits what it published or releases what it did not. Every update happens under
+flock(2) on the ledger (and a thread lock: flock does not exclude threads sharing a descriptor).
+
+Nothing here trusts the file to stay intact: a process whose entry is missing writes it back;
+a ledger that was deleted, replaced or truncated is recreated and flagged `needs_rebuild`, so
+the store recounts committed bytes from disk (`rebuild`); entries of processes that died
+(their lock file is free, whatever pid namespace they ran in) are dropped by the next rebuild,
+so their reservations are reclaimed while other processes keep running. A failure can only
+leave the ledger over-counting, the safe direction.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import os
 import struct
 import threading
+from collections.abc import Callable
 
-_LEDGER = struct.Struct("<Q")
+MAGIC = b"GLEDGER2"
+_HEAD = struct.Struct("<8sQII")
+_ENTRY = struct.Struct("<16sQ")
+TOKEN_BYTES = 16
+MAX_ENTRIES = 4096
+PROCS_DIR = "procs"
+
+
+def _new_token() -> str:
+    """8 hex digits of the pid, then 8 random ones."""
+    return f"{os.getpid() & 0xFFFFFFFF:08x}{os.urandom(4).hex()}"
+
+
+def _pid_alive(token: str) -> bool:
+    try:
+        pid = int(token[:8], 16)
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except (ValueError, OSError):
+        return True
+    return True
+
+
+class ProcessLock:
+    """This process's liveness lock under <root>/procs, and the liveness test of others."""
+
+    def __init__(self, root: str):
+        self.directory = os.path.join(root, PROCS_DIR)
+        os.makedirs(self.directory, exist_ok=True)
+        if os.path.islink(self.directory):
+            raise NotADirectoryError(f"{self.directory} is a symbolic link")
+        self.token = _new_token()
+        self._fd = os.open(
+            self._path(self.token), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
+        )
+        fcntl.flock(self._fd, fcntl.LOCK_EX)
+
+    def _path(self, token: str) -> str:
+        return os.path.join(self.directory, f"{token}.lock")
+
+    def is_alive(self, token: str) -> bool:
+        """True while the process that owns `token` holds its lock."""
+        if token == self.token:
+            return True
+        try:
+            fd = os.open(self._path(token), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except FileNotFoundError:
+            # Its lock file is gone (deleted by hand?): judge by the pid in the token.
+            return _pid_alive(token)
+        except OSError:
+            return True  # cannot tell: assume alive (over-counting is the safe side)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            return True  # held (or cannot tell): alive
+        finally:
+            os.close(fd)
+        return False
+
+    def forget(self, token: str) -> None:
+        """Removes a dead process's lock file."""
+        if token != self.token:
+            with contextlib.suppress(OSError):
+                os.unlink(self._path(token))
+
+    def tokens(self) -> list[str]:
+        with contextlib.suppress(OSError):
+            return [n[:-5] for n in os.listdir(self.directory) if n.endswith(".lock")]
+        return []
+
+    def ensure(self) -> None:
+        """Recreates this process's lock file if someone deleted it."""
+        try:
+            if os.fstat(self._fd).st_ino == os.lstat(self._path(self.token)).st_ino:
+                return
+        except OSError:
+            pass
+        with contextlib.suppress(OSError):
+            fd = os.open(
+                self._path(self.token),
+                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o644,
+            )
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            os.close(self._fd)
+            self._fd = fd
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            os.unlink(self._path(self.token))
+        with contextlib.suppress(OSError):
+            os.close(self._fd)
+
+
+class _State:
+    def __init__(self, committed: int = 0, entries: dict[str, int] | None = None):
+        self.committed = committed
+        self.entries = entries if entries is not None else {}
+
+    @property
+    def total(self) -> int:
+        return self.committed + sum(self.entries.values())
+
+    @classmethod
+    def parse(cls, raw: bytes):
+        """The state in `raw`, or None when it is not an intact ledger."""
+        if len(raw) < _HEAD.size:
+            return None
+        magic, committed, count, zero = _HEAD.unpack_from(raw, 0)
+        if magic != MAGIC or zero or count > MAX_ENTRIES:
+            return None
+        if len(raw) != _HEAD.size + count * _ENTRY.size:
+            return None
+        entries = {}
+        for index in range(count):
+            token, reserved = _ENTRY.unpack_from(raw, _HEAD.size + index * _ENTRY.size)
+            entries[token.decode("ascii", "replace")] = reserved
+        return cls(committed, entries)
+
+    def pack(self) -> bytes:
+        entries = list(self.entries.items())[:MAX_ENTRIES]
+        return _HEAD.pack(MAGIC, self.committed, len(entries), 0) + b"".join(
+            _ENTRY.pack(token.encode("ascii")[:TOKEN_BYTES], reserved)
+            for token, reserved in entries
+        )
 
 
 class Ledger:
-    """Total bytes of a root's records, shared by every process through a locked file."""
+    """Total bytes of a root's records plus every process's reservations."""
 
-    def __init__(self, path: str, read_only: bool = False):
-        self._read_only = read_only
-        self._fd = None
-        if read_only:
-            try:
-                self._fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW)
-            except OSError:
-                self._fd = None  # a store nobody has written yet
-        else:
-            self._fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+    def __init__(self, path: str, process: ProcessLock | None = None, read_only: bool = False):
+        self._path = path
+        self._process = process
+        self._read_only = read_only or process is None
+        self._mine = 0  # what this process has reserved (also written into its entry)
         self._thread_lock = threading.Lock()
+        self.needs_rebuild = False
+        # Counts committed bytes from disk; the store sets it. Called under the lock when the
+        # ledger is found missing, replaced or damaged, so no update is ever lost on top of it.
+        self.recount: Callable[[], int] | None = None
+        self._fd = self._open()
 
-    def _locked(self, update):
-        if self._fd is None:
-            return update(0)[1]
+    def _open(self) -> int | None:
         if self._read_only:
-            raw = os.pread(self._fd, _LEDGER.size, 0)
-            return update(_LEDGER.unpack(raw)[0] if len(raw) == _LEDGER.size else 0)[1]
+            try:
+                return os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+            except OSError:
+                return None  # a store nobody has written yet
+        return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+
+    def _reopen_if_replaced(self) -> None:
+        """A ledger deleted or replaced under us: switch to the file at the path."""
+        try:
+            if os.fstat(self._fd).st_ino == os.lstat(self._path).st_ino:
+                return
+        except OSError:
+            pass
+        fd = self._open()
+        os.close(self._fd)
+        self._fd = fd
+        self.needs_rebuild = True
+
+    def _read_state(self) -> _State:
+        raw = os.pread(self._fd, _HEAD.size + MAX_ENTRIES * _ENTRY.size + 1, 0)
+        state = _State.parse(raw)
+        if state is None:  # new, truncated or damaged: recount from disk
+            state = _State()
+            if self.recount is not None:
+                state.committed = self.recount()
+            else:
+                self.needs_rebuild = True
+        return state
+
+    def _locked(self, update: Callable[[_State], object]):
+        if self._read_only:
+            if self._fd is None:
+                return update(_State())
+            raw = os.pread(self._fd, _HEAD.size + MAX_ENTRIES * _ENTRY.size + 1, 0)
+            return update(_State.parse(raw) or _State())
         with self._thread_lock:
+            self._reopen_if_replaced()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             try:
-                raw = os.pread(self._fd, _LEDGER.size, 0)
-                current = _LEDGER.unpack(raw)[0] if len(raw) == _LEDGER.size else 0
-                new_value, result = update(current)
-                if new_value != current:
-                    os.pwrite(self._fd, _LEDGER.pack(new_value), 0)
+                state = self._read_state()
+                before = state.pack()
+                token = self._process.token
+                if self._mine or token in state.entries:
+                    state.entries[token] = self._mine  # written back if someone dropped it
+                result = update(state)
+                if self._mine:
+                    state.entries[token] = self._mine
+                else:
+                    state.entries.pop(token, None)
+                after = state.pack()
+                if after != before:
+                    os.pwrite(self._fd, after, 0)
+                    os.ftruncate(self._fd, len(after))
                 return result
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
+    # ------------------------------------------------------------- operations
+
     def read(self) -> int:
-        return self._locked(lambda current: (current, current))
+        """Committed bytes plus every live reservation."""
+        return self._locked(lambda state: state.total)
+
+    def committed(self) -> int:
+        """Bytes of records and quarantined files, without reservations in flight."""
+        return self._locked(lambda state: state.committed)
+
+    def reservations(self) -> dict[str, int]:
+        """Bytes reserved by each open process (by token)."""
+        return self._locked(lambda state: dict(state.entries))
 
     def reserve(self, amount: int, limit: int | None) -> bool:
-        def update(current):
-            if limit is not None and current + amount > limit:
-                return current, False
-            return current + amount, True
+        def update(state: _State) -> bool:
+            if limit is not None and state.total + amount > limit:
+                return False
+            self._mine += amount
+            return True
 
         return self._locked(update)
 
-    def release(self, amount: int) -> None:
-        self._locked(lambda current: (max(0, current - amount), None))
+    def commit(self, amount: int) -> None:
+        """A reserved record was published: its bytes are committed."""
 
-    def set(self, value: int) -> None:
-        self._locked(lambda current: (value, None))
+        def update(state: _State) -> None:
+            moved = min(amount, self._mine)
+            self._mine -= moved
+            state.committed += amount
+
+        self._locked(update)
+
+    def release_reservation(self, amount: int) -> None:
+        """A reserved record was not published."""
+
+        def update(state: _State) -> None:
+            self._mine = max(0, self._mine - amount)
+
+        self._locked(update)
+
+    def release(self, amount: int) -> None:
+        """Committed bytes left the disk (eviction, deletion, quarantine trim)."""
+
+        def update(state: _State) -> None:
+            state.committed = max(0, state.committed - amount)
+
+        self._locked(update)
+
+    def reclaim_dead(self) -> int:
+        """Drops the entries of processes that died (no scan: a liveness test per entry);
+        returns the reserved bytes that came back."""
+        process = self._process
+
+        def update(state: _State) -> int:
+            freed = 0
+            for token in list(state.entries):
+                if not process.is_alive(token):
+                    freed += state.entries.pop(token)
+                    process.forget(token)
+            return freed
+
+        return self._locked(update)
+
+    def rebuild(self, committed_on_disk: Callable[[], int]) -> int:
+        """Sets committed bytes to what is on disk and drops the entries of dead processes
+        (their reservations come back). `committed_on_disk` scans the store while the ledger
+        is locked, so no other process commits meanwhile. Returns the new total."""
+        process = self._process
+
+        def update(state: _State) -> int:
+            for token in list(state.entries):
+                if not process.is_alive(token):
+                    del state.entries[token]
+                    process.forget(token)
+            for token in process.tokens():  # dead processes that held no reservation
+                if token not in state.entries and not process.is_alive(token):
+                    process.forget(token)
+            state.committed = committed_on_disk()
+            self.needs_rebuild = False
+            return state.total
+
+        process.ensure()
+        return self._locked(update)
 
     def close(self) -> None:
         if self._fd is not None:
+            if not self._read_only and self._mine:
+                self._mine = 0
+                with contextlib.suppress(OSError):
+                    self._locked(lambda state: None)
             os.close(self._fd)
             self._fd = None

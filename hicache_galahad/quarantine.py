@@ -13,6 +13,7 @@ import threading
 import time
 
 from .eviction import LruIndex
+from .layout import accounted_bytes
 from .ledger import Ledger
 from .metrics import Counters
 
@@ -82,7 +83,7 @@ class Quarantine:
                 removed = 0
                 for name in victims:
                     with contextlib.suppress(OSError):
-                        size = os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+                        size = accounted_bytes(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
                         os.unlink(name, dir_fd=dir_fd)
                         self._ledger.release(size)
                         removed += 1
@@ -99,7 +100,7 @@ class Quarantine:
             total = 0
             for name in os.listdir(dir_fd):
                 with contextlib.suppress(OSError):
-                    total += os.stat(name, dir_fd=dir_fd, follow_symlinks=False).st_size
+                    total += accounted_bytes(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
             return total
         finally:
             os.close(dir_fd)

@@ -20,10 +20,10 @@ no partial record behind.
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import logging
 import os
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import format as fmt
@@ -35,7 +35,7 @@ from .crypto import load_master_key
 from .errors import ConfigError
 from .eviction import LruIndex
 from .layout import StoreLayout, is_record_name, record_filename, temp_is_stale
-from .ledger import Ledger
+from .ledger import Ledger, ProcessLock
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
 from .quarantine import Quarantine
@@ -43,6 +43,10 @@ from .reader import RecordReader, open_record, reader_may_be_wrong
 from .writer import RecordWriter
 
 log = logging.getLogger("hicache_galahad.store")
+
+LEDGER_REBUILD_INTERVAL_S = 10.0
+DESCRIPTION_CHECK_INTERVAL_S = 60.0
+RECLAIM_INTERVAL_S = 1.0
 
 __all__ = ["CheckReport", "RecordStore", "record_filename"]
 
@@ -64,7 +68,7 @@ class _Evictor:
         return self._store._unlink_record(dirname, filename)
 
     def load_unindexed(self) -> None:
-        self._store._index_records(remove_stale_temps=False)
+        self._store._index_records()
 
 
 class RecordStore:
@@ -92,7 +96,11 @@ class RecordStore:
             allow_unverified=options.allow_unverified,
         )
         self.index = LruIndex()
-        self._ledger = Ledger(self.layout.ledger_path, read_only=self.read_only)
+        self._process = None if self.read_only else ProcessLock(self.root)
+        self._ledger = Ledger(self.layout.ledger_path, self._process, read_only=self.read_only)
+        self._last_rebuild_s = -1e9
+        self._last_reclaim_s = -1e9
+        self._rebuild_lock = threading.Lock()
         self.quarantine_box = Quarantine(
             self.layout.quarantine_dir, self._ledger, self.index, self.counters
         )
@@ -103,6 +111,8 @@ class RecordStore:
             max_bytes=options.max_bytes,
             min_free_bytes=options.min_free_bytes,
             free_bytes=lambda: self._free_bytes(),  # looked up per call (tests replace it)
+            rebuild=self._rebuild_if_due,
+            reclaim=self._reclaim_dead,
             on_event=self.counters.add,
         )
         self.reader = RecordReader(self.layout, self.codec, read_only=self.read_only)
@@ -118,23 +128,23 @@ class RecordStore:
             self.counters,
             self._warn,
             self._parallel,
+            writer_token=self._process.token if self._process else "readonly",
             durable=options.durable,
         )
         self.checker = Checker(
             self.layout,
             self.reader,
             self.quarantine_box,
-            self._correct_ledger,
-            self._ledger.read,
+            self.rebuild_ledger,
+            self._ledger.committed,
+            self._is_alive,
         )
+        self._ledger.recount = self.checker.disk_bytes
         self._namespaces: dict[str, Namespace] = {}
+        self._described_s: dict[str, float] = {}
         self._ns_lock = threading.Lock()
         self._closed = False
-        self._presence_fd = None
         if not self.read_only:
-            self._presence_fd = os.open(
-                self.layout.presence_path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644
-            )
             self._open_scan()
 
     def _check_root(self) -> None:
@@ -157,36 +167,87 @@ class RecordStore:
                     f"hicache_galahad option 'root': {path!r} is a symbolic link or not a "
                     "directory; expected a real directory"
                 )
+        stats = os.statvfs(self.root)
+        capacity_bytes = stats.f_blocks * stats.f_frsize
+        if self.options.min_free_bytes >= capacity_bytes:
+            raise ConfigError(
+                f"hicache_galahad option 'min_free_bytes': got {self.options.min_free_bytes}, "
+                f"expected less than the size of the filesystem holding {self.root!r} "
+                f"({capacity_bytes} bytes)"
+            )
 
     # ----------------------------------------------------------------- open and scan
 
     def _open_scan(self) -> None:
-        """Indexes every record for eviction, removes temp files of dead writers and, when
-        no other process has the root open, resets the ledger to the bytes really on disk."""
-        try:
-            fcntl.flock(self._presence_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            alone = False
-        record_bytes = self._index_records(remove_stale_temps=True, remove_all_temps=alone)
-        if alone:
-            self._ledger.set(record_bytes + self.quarantine_box.total_bytes())
-        fcntl.flock(self._presence_fd, fcntl.LOCK_SH)
+        """Removes temp files of writers that are gone, recounts the ledger from disk
+        (dropping reservations of processes that died) and indexes every record for eviction,
+        oldest modification first."""
+        self._remove_stale_temps()
+        entries = []
 
-    def _index_records(self, *, remove_stale_temps: bool, remove_all_temps: bool = False) -> int:
-        """Adds every record on disk to the LRU index (oldest modification first); returns
-        their total size."""
-        if remove_stale_temps:
-            for entry in self.layout.temp_files(on_error=self._unreadable_dir):
-                if remove_all_temps or temp_is_stale(entry):
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
-                        self.counters.add("stale_temp_removed")
+        def committed_on_disk() -> int:
+            entries.extend(self.layout.records(on_error=self._unreadable_dir))
+            return sum(e.accounted_bytes for e in entries) + self.quarantine_box.total_bytes()
+
+        self._ledger.rebuild(committed_on_disk)
+        self._last_rebuild_s = time.monotonic()
+        entries.sort(key=lambda entry: entry.mtime_ns)
+        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
+
+    def _is_alive(self, token: str) -> bool:
+        return self._process is None or self._process.is_alive(token)
+
+    def _remove_stale_temps(self) -> None:
+        for entry in self.layout.temp_files(on_error=self._unreadable_dir):
+            if temp_is_stale(entry, self._is_alive):
+                with contextlib.suppress(OSError):
+                    os.unlink(entry.path)
+                    self.counters.add("stale_temp_removed")
+
+    def _index_records(self) -> None:
+        """Adds records other processes wrote since the last scan to the LRU index."""
         entries = sorted(
             self.layout.records(on_error=self._unreadable_dir), key=lambda e: e.mtime_ns
         )
-        self.index.load((entry.location, entry.size_bytes) for entry in entries)
-        return sum(entry.size_bytes for entry in entries)
+        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
+
+    def rebuild_ledger(self) -> int:
+        """Recounts committed bytes from disk and reclaims reservations of dead processes
+        (and their temp files); returns the ledger's new total."""
+        if self.read_only:
+            return self._ledger.read()
+        with self._rebuild_lock:
+            self._remove_stale_temps()
+            total = self._ledger.rebuild(self.checker.disk_bytes)
+            self._last_rebuild_s = time.monotonic()
+        self.counters.add("ledger_rebuilds")
+        return total
+
+    def _reclaim_dead(self) -> bool:
+        """Takes back the reservations of processes that died (at most once a second)."""
+        if self.read_only or time.monotonic() - self._last_reclaim_s < RECLAIM_INTERVAL_S:
+            return False
+        self._last_reclaim_s = time.monotonic()
+        freed = self._ledger.reclaim_dead()
+        if freed:
+            self.counters.add("reclaimed_bytes", freed)
+            self._remove_stale_temps()
+        return freed > 0
+
+    def _rebuild_if_due(self) -> bool:
+        """rebuild_ledger, at most once every LEDGER_REBUILD_INTERVAL_S unless the ledger
+        itself was found damaged or replaced."""
+        due = time.monotonic() - self._last_rebuild_s >= LEDGER_REBUILD_INTERVAL_S
+        if not (due or self._ledger.needs_rebuild):
+            return False
+        self._warn.warning(
+            "ledger-rebuild",
+            "galahad: the byte ledger of %s claims more than the records on disk explain "
+            "(or was damaged); recounting it from disk",
+            self.root,
+        )
+        self.rebuild_ledger()
+        return True
 
     def _unreadable_dir(self, path: str, error: OSError) -> None:
         self.counters.add("unreadable_dirs")
@@ -195,15 +256,51 @@ class RecordStore:
     # ----------------------------------------------------------------- namespaces
 
     def register_namespace(self, namespace: Namespace) -> Namespace:
-        """Creates the namespace's directory and description (idempotent) and returns it."""
+        """Creates the namespace's directory and description (idempotent) and returns it.
+        A filesystem that refuses (full, read-only, permissions) is not a reason to stop a
+        server: the namespace is still returned, and its reads and writes miss until the
+        filesystem accepts them (warned and counted)."""
         with self._ns_lock:
             known = self._namespaces.get(namespace.dirname)
             if known is not None:
                 return known
             if not self.read_only:
-                self.layout.write_namespace(namespace, durable=self.options.durable)
+                self._write_description(namespace)
             self._namespaces[namespace.dirname] = namespace
             return namespace
+
+    def _write_description(self, namespace: Namespace) -> None:
+        directory = self.layout.namespace_dir(namespace.dirname)
+        if os.path.islink(directory):
+            raise ConfigError(
+                f"hicache_galahad option 'root': namespace directory {directory!r} is a "
+                "symbolic link; expected a real directory"
+            )
+        try:
+            self.layout.remove_stale_description_temps(namespace.dirname)
+            self.layout.write_namespace(namespace, durable=self.options.durable)
+        except OSError as error:
+            self.counters.add("namespace_write_failures")
+            self._warn.warning(
+                "namespace-write",
+                "galahad: cannot write the description of namespace %s (%s): its records miss "
+                "until the filesystem accepts writes again",
+                namespace.dirname,
+                error,
+            )
+        self._described_s[namespace.dirname] = time.monotonic()
+
+    def _refresh_description(self, namespace: Namespace) -> None:
+        """Puts back a namespace.json that was deleted or edited (at most once a minute), so
+        that operators' tools can always tell whose records these are."""
+        if time.monotonic() - self._described_s.get(namespace.dirname, 0.0) < (
+            DESCRIPTION_CHECK_INTERVAL_S
+        ):
+            return
+        self._described_s[namespace.dirname] = time.monotonic()
+        if self.layout.load_namespace(namespace.dirname) != namespace:
+            with self._ns_lock:
+                self._write_description(namespace)
 
     # ----------------------------------------------------------------- reads
 
@@ -325,6 +422,7 @@ class RecordStore:
         """put for many records (writer.py: staged, flushed together, then published)."""
         if len(keys) != len(datas) or self._closed or self.read_only:
             return [False] * len(keys)
+        self._refresh_description(namespace)
         return self.writer.put_many(namespace, keys, datas)
 
     # ----------------------------------------------------------------- deletion
@@ -339,15 +437,12 @@ class RecordStore:
         """Deletes one record file and releases its bytes; its size, or None if it was gone."""
         if not is_record_name(filename):
             return None
-        path = os.path.join(self.layout.namespace_dir(dirname), filename)
-        try:
-            size = os.lstat(path).st_size
-            os.unlink(path)
-        except OSError:
+        freed = self.layout.unlink_record(dirname, filename)
+        if freed is None:
             return None
         self.index.discard((dirname, filename))
-        self._ledger.release(size)
-        return size
+        self._ledger.release(freed)
+        return freed
 
     def delete(self, namespace: Namespace, key: str) -> bool:
         if self.read_only:
@@ -383,26 +478,6 @@ class RecordStore:
         records, removes temp files of dead writers and corrects the ledger."""
         return self.checker.check(fix=fix and not self.read_only, on_record=on_record)
 
-    def _correct_ledger(self, actual_bytes: int) -> int:
-        """Sets the ledger to the bytes on disk when no other process has the root open.
-        Otherwise it only raises it: writes in flight elsewhere hold reservations that the
-        files on disk do not show yet, and lowering the ledger under them would let the store
-        grow past max_bytes. (An over-count is safe; it is corrected at the next lone open.)"""
-        fcntl.flock(self._presence_fd, fcntl.LOCK_UN)
-        try:
-            fcntl.flock(self._presence_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            alone = True
-        except BlockingIOError:
-            alone = False
-        try:
-            if alone:
-                self._ledger.set(actual_bytes + self.budget.pending_bytes)
-            elif self._ledger.read() < actual_bytes:
-                self._ledger.set(actual_bytes)
-            return self._ledger.read()
-        finally:
-            fcntl.flock(self._presence_fd, fcntl.LOCK_SH)
-
     # ----------------------------------------------------------------- plumbing
 
     def _parallel(self, work, count: int) -> list:
@@ -428,8 +503,8 @@ class RecordStore:
         self._closed = True
         self._pool.shutdown(wait=True)
         self._ledger.close()
-        if self._presence_fd is not None:
-            os.close(self._presence_fd)
+        if self._process is not None:
+            self._process.close()
 
     def __enter__(self):
         return self

@@ -87,6 +87,7 @@ class RecordWriter:
         warn: RateLimitedLog,
         parallel,
         *,
+        writer_token: str,
         durable: bool,
     ):
         self.layout = layout
@@ -98,6 +99,7 @@ class RecordWriter:
         self.counters = counters
         self.warn = warn
         self.parallel = parallel
+        self.writer_token = writer_token
         self.durable = durable
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
@@ -192,7 +194,7 @@ class RecordWriter:
         staged = _Staged(
             key=key,
             path=path,
-            temp_path=self.layout.new_temp_path(namespace.dirname, filename),
+            temp_path=self.layout.new_temp_path(namespace.dirname, filename, self.writer_token),
             location=(namespace.dirname, filename),
             total_bytes=total_bytes,
         )
