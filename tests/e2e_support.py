@@ -137,6 +137,38 @@ def hicache_args(
     ]  # fmt: skip
 
 
+GALAHAD_CLASS = {
+    "backend_name": "galahad",
+    "module_path": "hicache_galahad",
+    "class_name": "GalahadStorage",
+}
+
+
+def galahad_config(root: Path | str, **options: Any) -> dict[str, Any]:
+    """The extra config that loads GalahadStorage through SGLang's ``dynamic`` storage backend
+    (server flag or ``StorageBackendFactory``): the class, the store root, then ``options``."""
+    return {**GALAHAD_CLASS, "root": str(root), **options}
+
+
+def galahad_args(
+    root: Path | str,
+    layout: str = "page_first_direct",
+    *,
+    page_size: int = 4,
+    interface_v1: bool = True,
+    **options: Any,
+) -> list[str]:
+    """Flags for a tiny-model server with GalahadStorage at ``root`` as its HiCache L3
+    (``options`` go into the extra config; ``interface_v1`` selects the zero-copy interface)."""
+    config = galahad_config(root, **options)
+    if interface_v1:
+        config["interface_v1"] = 1
+    return [
+        *TINY_SERVER_ARGS,
+        *hicache_args(layout, backend="dynamic", extra_config=config, page_size=page_size),
+    ]
+
+
 # ------------------------------------------------------------------------------------------------
 # Processes
 # ------------------------------------------------------------------------------------------------
@@ -371,6 +403,12 @@ class GenerateResult:
         """Prompt tokens that came from the L3 storage backend for this request."""
         return int(self.cache_details.get("storage", 0))
 
+    @classmethod
+    def from_record(cls, record: Mapping[str, Any]) -> GenerateResult:
+        """A result from one request of :func:`run_engine_roundtrip` (``first``, ``second``)."""
+        meta = {key: record[key] for key in ("cached_tokens", "cached_tokens_details")}
+        return cls(record["output_ids"], record["output_logprobs"], meta, "", dict(record))
+
 
 def generate(
     server: Server | str,
@@ -437,6 +475,31 @@ def wait_for(predicate: Callable[[], bool], timeout_s: float = 30.0, what: str =
         time.sleep(0.1)
 
 
+def wait_settled(
+    look: Callable[[], Any],
+    ready: Callable[[Any], bool] = lambda seen: True,
+    *,
+    quiet_s: float = 1.0,
+    timeout_s: float = 60.0,
+    poll_s: float = 0.2,
+    what: str = "the store to settle",
+) -> Any:
+    """Polls ``look()`` until ``ready`` holds for what it sees and that has not changed for
+    ``quiet_s``; returns what it saw last. SGLang writes to L3 in the background and
+    ``/flush_cache`` drops writes still queued: wait for them before a flush or a count."""
+    deadline = time.monotonic() + timeout_s
+    last, since = look(), time.monotonic()
+    while True:
+        if ready(last) and time.monotonic() - since >= quiet_s:
+            return last
+        if time.monotonic() >= deadline:
+            raise TimeoutError(f"timed out after {timeout_s}s waiting for {what}; saw {last!r}")
+        time.sleep(poll_s)
+        seen = look()
+        if seen != last:
+            last, since = seen, time.monotonic()
+
+
 def wait_for_files(
     directory: Path | str, at_least: int, pattern: str = "*.bin", timeout_s: float = 30.0
 ) -> list[Path]:
@@ -456,6 +519,47 @@ def wait_for_files(
 
     wait_for(enough, timeout_s, f"{at_least} {pattern} files in {directory}")
     return found
+
+
+# ------------------------------------------------------------------------------------------------
+# Checks
+# ------------------------------------------------------------------------------------------------
+
+
+def assert_cached(
+    result: GenerateResult, *, storage: int = 0, device: int = 0, backend: str = "GalahadStorage"
+) -> None:
+    """The prompt tokens not recomputed are exactly ``storage`` from the L3 backend named
+    ``backend`` plus ``device`` from SGLang's own device and host tiers (none by default)."""
+    details = result.cache_details
+    assert result.cached_tokens == storage + device, result.meta_info
+    if result.cached_tokens:  # SGLang leaves out "storage" when only its own tiers served
+        assert details.get("storage", 0) == storage, details
+        assert details.get("device", 0) + details.get("host", 0) == device, details
+        if storage:
+            assert details["storage_backend"] == backend, details
+
+
+def assert_same_output(result: GenerateResult, reference: GenerateResult) -> None:
+    assert result.output_ids == reference.output_ids
+    assert result.output_logprobs == reference.output_logprobs  # bit-identical floats
+
+
+def server_log(server: Server) -> str:
+    return Path(server.log_path).read_text(errors="replace")
+
+
+def assert_storage_healthy(server: Server, *also_absent: str) -> None:
+    """No SGLang storage thread died (an exception there disables L3 for the process), the
+    backend caught no exception of its own, and none of ``also_absent`` is in the log."""
+    log = server_log(server)
+    for text in ("Exception in thread", "; reporting a miss", *also_absent):
+        assert text not in log, log[-4000:]
+
+
+# ------------------------------------------------------------------------------------------------
+# In-process Engine
+# ------------------------------------------------------------------------------------------------
 
 
 def run_engine_roundtrip(model_dir: Path | str, *args: str, timeout_s: float = 400) -> dict:

@@ -1,21 +1,21 @@
 """Real SGLang 0.5.23 host pools on CPU, and storage backends loaded the way SGLang loads them.
 
-Shared by tests/test_adapter_*.py. Everything here is SGLang's own code: device pools built on
-"cpu" supply the buffer descriptions, host pools are built with pin_memory=False (pinning needs
-a CUDA driver), and backends come out of `StorageBackendFactory.create_backend`, exactly as the
-cache controller gets them (with its failure injector when the test environment variables are
-set). Host pool buffers are filled with random bytes (NaN patterns included), so every
-comparison is of bytes: `torch.equal` on uint8 views.
+Shared by tests/test_adapter_*.py (their `galahad` fixture is in tests/conftest.py, records on
+disk and page keys in tests/records.py) and tests/hybrid_models.py. Everything here is SGLang's
+own code: device pools built on "cpu" supply the buffer descriptions, host pools are built with
+pin_memory=False (pinning needs a CUDA driver), and backends come out of
+`StorageBackendFactory.create_backend`, exactly as the cache controller gets them (with its
+failure injector when the test environment variables are set). Host pool buffers are filled
+with random bytes (NaN patterns included), so every comparison is of bytes: `torch.equal` on
+uint8 views.
 """
 
 from __future__ import annotations
 
 import contextlib
-import hashlib
-import json
-from pathlib import Path
 
 import torch
+from e2e_support import galahad_config
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageConfig,
@@ -43,11 +43,6 @@ KV_DTYPES = {
     "fp8": torch.float8_e4m3fn,  # the pools store it as uint8
 }
 
-GALAHAD_CLASS = {
-    "backend_name": "galahad",
-    "module_path": "hicache_galahad",
-    "class_name": "GalahadStorage",
-}
 FINGERPRINT = "test-fingerprint-1"
 MODEL_NAME = "org/tiny-model"
 
@@ -79,9 +74,10 @@ def mha_pool(
     head_dim: int = 8,
     layers: int = 2,
     ratio: float = 2.0,
-    seed: int = 0,
+    seed: int | None = 0,
 ) -> MHATokenToKVPoolHost:
-    """An MHA host pool of (tokens * ratio / page_size + 1) pages, filled with random bytes."""
+    """An MHA host pool of (tokens * ratio / page_size + 1) pages, filled with random bytes
+    (with seed None, left as SGLang allocates it)."""
     device = MHATokenToKVPool(
         tokens, page_size, dtype, heads, head_dim, layers, "cpu", False, start_layer=0,
         end_layer=layers - 1,
@@ -97,7 +93,8 @@ def mha_pool(
         start_layer=device.start_layer,
         end_layer=device.end_layer,
     )
-    fill_random(host, seed)
+    if seed is not None:
+        fill_random(host, seed)
     return host
 
 
@@ -182,15 +179,6 @@ def assert_pages_equal(pool, src_pages, dst_pages, other_pool=None) -> None:
         assert torch.equal(expected, actual), f"page {src} -> {dst}: bytes differ"
 
 
-def page_keys(count: int, label: str = "seq") -> list[str]:
-    """A chain of 64-hex page keys, as SGLang names its pages."""
-    keys, prior = [], b""
-    for index in range(count):
-        prior = hashlib.sha256(prior + f"{label}:{index}".encode()).digest()
-        keys.append(prior.hex())
-    return keys
-
-
 # ----------------------------------------------------------------------------- backends
 
 
@@ -220,11 +208,9 @@ def storage_config(
 
 
 def galahad_extra(root, fingerprint: str | None = FINGERPRINT, **options) -> dict:
-    extra = dict(GALAHAD_CLASS, root=str(root))
     if fingerprint is not None:
-        extra["model_fingerprint"] = fingerprint
-    extra.update(options)
-    return extra
+        options = {"model_fingerprint": fingerprint, **options}
+    return galahad_config(root, **options)
 
 
 def register(backend, kv_pool=None, pools: dict | None = None) -> None:
@@ -311,50 +297,3 @@ def normalized(result) -> tuple:
         {str(name): pages for name, pages in result.extra_pool_hit_pages.items()},
         list(result.restorable_prefix_pages or []),
     )
-
-
-# ----------------------------------------------------------------------------- records on disk
-
-
-def record_path(root, key: str, pool: str = "kv", tenant: str | None = None) -> Path | None:
-    """root/ns/<namespace>/<key>.rec of the pool's (and tenant's) namespace, the first that
-    holds the key."""
-    for namespace_dir in sorted(Path(root, "ns").iterdir()):
-        description = namespace_dir / "namespace.json"
-        if not description.exists():
-            continue
-        namespace = json.loads(description.read_text())
-        if namespace["pool"] != pool or tenant not in (None, namespace["tenant"]):
-            continue
-        path = namespace_dir / f"{key}.rec"
-        if path.exists():
-            return path
-    return None
-
-
-def record_files(root) -> list[Path]:
-    return sorted(Path(root, "ns").glob("*/*.rec"))
-
-
-def flip_byte(path: Path, offset: int = -1) -> None:
-    """Inverts one byte of a file in place (negative offsets count from the end)."""
-    data = bytearray(path.read_bytes())
-    data[offset] ^= 0xFF
-    path.write_bytes(bytes(data))
-
-
-@contextlib.contextmanager
-def galahad_maker(default_root):
-    """make(kv_pool, pools, root=..., **create_galahad options) -> backend; all closed at exit."""
-    opened = []
-
-    def make(kv_pool=None, pools=None, *, root=None, **options):
-        backend = create_galahad(root or default_root, kv_pool, pools, **options)
-        opened.append(backend)
-        return backend
-
-    try:
-        yield make
-    finally:
-        for backend in opened:
-            backend.close()

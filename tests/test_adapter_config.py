@@ -8,6 +8,7 @@ import os
 
 import pytest
 import torch
+from records import chain_keys, find_record, write_key_file
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics
@@ -15,29 +16,14 @@ from sglang_pools import (
     assert_pages_equal,
     create_galahad,
     galahad_extra,
-    galahad_maker,
     mamba_pool,
     mha_pool,
     page_bytes,
-    page_keys,
     pool_buffers,
-    record_path,
     slots_of,
     storage_config,
     transfer,
 )
-
-
-@pytest.fixture
-def galahad(tmp_path):
-    with galahad_maker(tmp_path / "store") as make:
-        yield make
-
-
-def key_file(path, *, mode=0o600, size=32):
-    path.write_bytes(os.urandom(size))
-    path.chmod(mode)
-    return str(path)
 
 
 def create(root, **options):
@@ -73,7 +59,7 @@ def test_config_errors_name_the_key(tmp_path, options, named):
     [(0o640, 32, "group or others"), (0o604, 32, "group or others"), (0o600, 16, "32 random")],
 )
 def test_bad_encryption_key_files_are_refused(tmp_path, mode, size, problem):
-    path = key_file(tmp_path / "key", mode=mode, size=size)
+    path = write_key_file(tmp_path / "key", os.urandom(size), mode)
     with pytest.raises(ValueError, match=rf"encryption_key_file(.|\n)*{problem}"):
         create(tmp_path / "store", encryption_key_file=path)
     with pytest.raises(ValueError, match="encryption_key_file"):
@@ -100,7 +86,7 @@ def test_fingerprint_of_a_local_model_directory(galahad, tmp_path):
     weights = torch.arange(64, dtype=torch.float32)
     write_model(model, weights)
     kv = mha_pool()
-    keys = page_keys(2, "fingerprint")
+    keys = chain_keys(2, "fingerprint")
     first = galahad(kv, fingerprint=None, config={"model_name": str(model)})
     assert first.model_fingerprint.startswith("dir-sha256:")
     assert first.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
@@ -132,7 +118,7 @@ def test_sglang_keys_in_the_extra_config_are_accepted(galahad):
         prefetch_threshold=4,
         hicache_storage_pass_prefix_keys=True,
     )
-    assert backend.batch_set_v1(page_keys(1, "ok"), slots_of([0], 4)) == [True]
+    assert backend.batch_set_v1(chain_keys(1, "ok"), slots_of([0], 4)) == [True]
 
 
 # ----------------------------------------------------------------------------- metrics, close
@@ -141,7 +127,7 @@ def test_sglang_keys_in_the_extra_config_are_accepted(galahad):
 def test_get_stats(galahad):
     kv = mha_pool()
     quiet = galahad(kv)
-    keys = page_keys(3, "stats")
+    keys = chain_keys(3, "stats")
     assert quiet.batch_set_v1(keys, slots_of([0, 1, 2], 4)) == [True] * 3
     stats = quiet.get_stats()
     assert stats is None or isinstance(stats, StorageMetrics)
@@ -149,7 +135,7 @@ def test_get_stats(galahad):
         assert stats.prefetch_pgs == [] and stats.backup_pgs == []
 
     counted = galahad(kv, config={"metrics": True})
-    assert counted.batch_set_v1(page_keys(2, "more"), slots_of([3, 4], 4)) == [True, True]
+    assert counted.batch_set_v1(chain_keys(2, "more"), slots_of([3, 4], 4)) == [True, True]
     assert counted.batch_get_v1(keys + ["absent"], slots_of([5, 6, 7, 8], 4)) == [True] * 3 + [
         False
     ]
@@ -166,7 +152,7 @@ def test_close_twice_and_calls_after_close(galahad, tmp_path):
     the ledger's number. Calls after close are now misses that touch nothing."""
     kv = mha_pool()
     backend = galahad(kv, {PoolName.MAMBA: mamba_pool()})
-    keys = page_keys(2, "closed")
+    keys = chain_keys(2, "closed")
     assert backend.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
     backend.close()
     backend.close()
@@ -175,7 +161,7 @@ def test_close_twice_and_calls_after_close(galahad, tmp_path):
         for bystander in bystanders:
             bystander.write(b"\0" * 16)
             bystander.flush()
-        assert backend.set(page_keys(1, "late")[0], kv.get_data_page(8)) is False
+        assert backend.set(chain_keys(1, "late")[0], kv.get_data_page(8)) is False
         assert backend.batch_set(keys, [kv.get_data_page(0)] * 2) is False
         assert backend.batch_set_v1(keys, slots_of([2, 3], 4)) == [False, False]
         assert backend.batch_get_v1(keys, slots_of([2, 3], 4)) == [False, False]
@@ -208,14 +194,14 @@ def make_compressible(pool) -> None:
 def test_encryption_and_compression_round_trip_on_every_path(galahad, tmp_path, mode):
     options = {}
     if "encrypted" in mode:
-        options["encryption_key_file"] = key_file(tmp_path / "master.key")
+        options["encryption_key_file"] = write_key_file(tmp_path / "master.key")
     if "zstd" in mode:
         options |= {"compression": "zstd", "zstd_level": 5}
     kv, states = mha_pool("page_first_direct"), mamba_pool(conv_states=2, side_state=True)
     make_compressible(kv)
     make_compressible(states)
     backend = galahad(kv, {PoolName.MAMBA: states}, **options)
-    keys = page_keys(4, mode)
+    keys = chain_keys(4, mode)
     assert backend.batch_set_v1(keys[:2], slots_of([0, 1], 4)) == [True, True]
     assert backend.batch_set(keys[2:], [kv.get_data_page(8), kv.get_data_page(12)]) is True
     mamba = transfer(PoolName.MAMBA, keys[3:], [3], policy=PoolHitPolicy.TRAILING_PAGES)
@@ -223,7 +209,7 @@ def test_encryption_and_compression_round_trip_on_every_path(galahad, tmp_path, 
 
     root = backend.store.root
     page = bytes(page_bytes(kv, 0).numpy())
-    record = record_path(root, keys[0]).read_bytes()
+    record = find_record(root, keys[0]).read_bytes()
     if "zstd" in mode:  # header and key echo included, smaller than the raw page
         assert len(record) < len(page)
     if "encrypted" in mode:
@@ -242,17 +228,17 @@ def test_encryption_and_compression_round_trip_on_every_path(galahad, tmp_path, 
 
 def test_records_need_the_right_key(galahad, tmp_path):
     kv = mha_pool()
-    keys = page_keys(2, "keys")
-    right = key_file(tmp_path / "right.key")
+    keys = chain_keys(2, "keys")
+    right = write_key_file(tmp_path / "right.key")
     encrypted = galahad(kv, encryption_key_file=right)
     assert encrypted.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
     plain = galahad(kv)
     assert plain.batch_get_v1(keys, slots_of([2, 3], 4)) == [False, False]
-    other = galahad(kv, encryption_key_file=key_file(tmp_path / "other.key"))
+    other = galahad(kv, encryption_key_file=write_key_file(tmp_path / "other.key"))
     assert other.batch_get_v1(keys, slots_of([2, 3], 4)) == [False, False]
     # and plaintext records are refused by an instance that requires encryption
-    assert plain.batch_set_v1(page_keys(1, "plain"), slots_of([4], 4)) == [True]
-    assert encrypted.batch_get_v1(page_keys(1, "plain"), slots_of([5], 4)) == [False]
+    assert plain.batch_set_v1(chain_keys(1, "plain"), slots_of([4], 4)) == [True]
+    assert encrypted.batch_get_v1(chain_keys(1, "plain"), slots_of([5], 4)) == [False]
 
 
 def test_a_wrong_key_does_not_destroy_records(galahad, tmp_path):
@@ -260,13 +246,13 @@ def test_a_wrong_key_does_not_destroy_records(galahad, tmp_path):
     a record of the namespace has opened with this key, that is taken for a wrong key (a miss,
     record kept), not damage (quarantined)."""
     kv = mha_pool()
-    keys = page_keys(2, "wrong-key")
-    right = key_file(tmp_path / "right.key")
+    keys = chain_keys(2, "wrong-key")
+    right = write_key_file(tmp_path / "right.key")
     assert galahad(kv, encryption_key_file=right).batch_set_v1(keys, slots_of([0, 1], 4)) == [
         True,
         True,
     ]
-    wrong = galahad(kv, encryption_key_file=key_file(tmp_path / "wrong.key"))
+    wrong = galahad(kv, encryption_key_file=write_key_file(tmp_path / "wrong.key"))
     assert wrong.batch_get_v1(keys, slots_of([2, 3], 4)) == [False, False]
     again = galahad(kv, encryption_key_file=right)
     assert again.batch_get_v1(keys, slots_of([2, 3], 4)) == [True, True]
@@ -278,11 +264,11 @@ def test_factory_passes_its_kwargs_dict(tmp_path):
     backend = StorageBackendFactory.create_backend("dynamic", config, None, anything="ignored")
     try:
         backend.register_mem_pool_host(mha_pool())
-        assert backend.batch_set_v1(page_keys(1, "kwargs"), slots_of([0], 4)) == [True]
+        assert backend.batch_set_v1(chain_keys(1, "kwargs"), slots_of([0], 4)) == [True]
     finally:
         backend.close()
     direct = create_galahad(tmp_path / "store", mha_pool())
     try:
-        assert direct.batch_exists(page_keys(1, "kwargs")) == 1
+        assert direct.batch_exists(chain_keys(1, "kwargs")) == 1
     finally:
         direct.close()

@@ -29,17 +29,15 @@ import os
 
 import pytest
 import torch
+from records import chain_keys, find_record, flip_byte
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang_pools import (
     create_galahad,
     create_hicache_file,
-    flip_byte,
     mamba_pool,
     mha_pool,
     normalized,
     page_bytes,
-    page_keys,
-    record_path,
     slots_of,
     transfer,
 )
@@ -113,7 +111,7 @@ def all_pages(keys):
 
 
 def test_batch_exists_prefix_counts(pair):
-    keys = page_keys(4, "prefix")
+    keys = chain_keys(4, "prefix")
     assert pair.exists(keys) == 0
     pair.write_kv(keys, [0, 1, 3])  # a hole at 2
     assert pair.exists(keys) == 2
@@ -129,7 +127,7 @@ def test_batch_exists_prefix_counts(pair):
 
 
 def test_kv_only(pair):
-    keys = page_keys(4, "kv-only")
+    keys = chain_keys(4, "kv-only")
     assert pair.exists_v2(keys) == (0, {}, [])
     pair.write_kv(keys, [0, 1, 3])
     assert pair.exists_v2(keys) == (2, {"kv": 2}, [1, 2])
@@ -138,35 +136,35 @@ def test_kv_only(pair):
 
 
 def test_all_pages_pool_shrinks_prefix_when_pool_page_missing(pair):
-    keys = page_keys(4, "dsa-shrink")
+    keys = chain_keys(4, "dsa-shrink")
     pair.write_kv(keys, range(4))
     pair.write_states(DSA, keys, [0, 1])
     assert pair.exists_v2(keys, [all_pages(keys)]) == (2, {"kv": 4, "indexer": 2}, [1, 2])
 
 
 def test_all_pages_pool_full_match(pair):
-    keys = page_keys(3, "dsa-full")
+    keys = chain_keys(3, "dsa-full")
     pair.write_kv(keys, range(3))
     pair.write_states(DSA, keys, range(3))
     assert pair.exists_v2(keys, [all_pages(keys)]) == (3, {"kv": 3, "indexer": 3}, [1, 2, 3])
 
 
 def test_all_pages_pool_does_not_expand_beyond_kv(pair):
-    keys = page_keys(4, "dsa-beyond")
+    keys = chain_keys(4, "dsa-beyond")
     pair.write_kv(keys, [0, 1])
     pair.write_states(DSA, keys, range(4))
     assert pair.exists_v2(keys, [all_pages(keys)]) == (2, {"kv": 2, "indexer": 2}, [1, 2])
 
 
 def test_trailing_window_2_needs_only_the_last_two_pages(pair):
-    keys = page_keys(4, "trailing-last")
+    keys = chain_keys(4, "trailing-last")
     pair.write_kv(keys, range(4))
     pair.write_states(PoolName.MAMBA, keys, [2, 3])
     assert pair.exists_v2(keys, [trailing(2)]) == (4, {"kv": 4, "mamba": 4}, [4])
 
 
 def test_trailing_partial_prefix_when_tail_absent(pair):
-    keys = page_keys(4, "trailing-tail")
+    keys = chain_keys(4, "trailing-tail")
     pair.write_kv(keys, range(4))
     pair.write_states(PoolName.MAMBA, keys, [0, 1])
     # the window is clipped at the first page: length 1 needs page 0 only
@@ -175,14 +173,14 @@ def test_trailing_partial_prefix_when_tail_absent(pair):
 
 
 def test_trailing_zero_without_any_state(pair):
-    keys = page_keys(3, "trailing-none")
+    keys = chain_keys(3, "trailing-none")
     pair.write_kv(keys, range(3))
     for window in (1, 2):
         assert pair.exists_v2(keys, [trailing(window)]) == (0, {"kv": 3}, [])
 
 
 def test_trailing_window_1_at_every_checkpoint(pair):
-    keys = page_keys(8, "trailing-grid")
+    keys = chain_keys(8, "trailing-grid")
     pair.write_kv(keys, range(8))
     pair.write_states(PoolName.MAMBA, keys, [1, 3, 5])  # states after 2, 4 and 6 pages
     assert pair.exists_v2(keys, [trailing(1)]) == (6, {"kv": 8, "mamba": 6}, [2, 4, 6])
@@ -191,14 +189,14 @@ def test_trailing_window_1_at_every_checkpoint(pair):
 
 
 def test_trailing_with_holes_in_kv(pair):
-    keys = page_keys(8, "trailing-holes")
+    keys = chain_keys(8, "trailing-holes")
     pair.write_kv(keys, [0, 1, 2, 4, 5, 6, 7])  # page 3 missing
     pair.write_states(PoolName.MAMBA, keys, [1, 3, 5, 7])
     assert pair.exists_v2(keys, [trailing(1)]) == (2, {"kv": 3, "mamba": 2}, [2])
 
 
 def test_no_kv_hit_skips_pools(pair):
-    keys = page_keys(2, "no-kv")
+    keys = chain_keys(2, "no-kv")
     pair.write_states(PoolName.MAMBA, keys, [0])
     pair.write_states(DSA, keys, [0, 1])
     assert pair.exists_v2(keys, [transfer(PoolName.MAMBA, keys, policy=ALL)]) == (0, {}, [])
@@ -213,7 +211,7 @@ def test_empty_keys(pair):
 def test_several_pools_intersect_their_restorable_lengths(pair):
     """Upstream's main-branch test expects min(boundaries) = 3 here; 0.5.23 intersects the
     pools' restorable sets instead ({1, 2, 3} and {4}: none), and so does Galahad."""
-    keys = page_keys(4, "minimum")
+    keys = chain_keys(4, "minimum")
     pair.write_kv(keys, range(4))
     pair.write_states(DSA, keys, [0, 1, 2])
     pair.write_states(PoolName.MAMBA, keys, [2, 3])
@@ -225,21 +223,21 @@ def test_several_pools_intersect_their_restorable_lengths(pair):
 
 
 def test_unrelated_files_are_ignored(pair):
-    keys = page_keys(1, "unrelated")
+    keys = chain_keys(1, "unrelated")
     pair.write_kv(keys, [0])
     (pair.file_dir / "random_unrelated_file.bin").write_bytes(b"\0" * 16)
     for namespace_dir in (pair.root / "ns").iterdir():
         (namespace_dir / "random_unrelated_file.rec").write_bytes(b"\0" * 16)
-        (namespace_dir / f"{page_keys(1, 'planted')[0]}.tmp").write_bytes(b"\0" * 16)
+        (namespace_dir / f"{chain_keys(1, 'planted')[0]}.tmp").write_bytes(b"\0" * 16)
     assert pair.exists_v2(keys) == (1, {"kv": 1}, [1])
-    assert pair.exists_v2(page_keys(1, "missing")) == (0, {}, [])
+    assert pair.exists_v2(chain_keys(1, "missing")) == (0, {}, [])
 
 
 # ----------------------------------------------------------------------------- reads
 
 
 def test_reads_agree_byte_for_byte(pair):
-    keys = page_keys(3, "reads")
+    keys = chain_keys(3, "reads")
     pair.write_kv(keys, [0, 1, 2])
     pair.write_states(PoolName.MAMBA, keys, [2])
     for backend, dst in zip(pair.both, ([5, 6, 7], [9, 10, 11]), strict=True):
@@ -265,7 +263,7 @@ def test_reads_agree_byte_for_byte(pair):
 
 def test_generic_and_zero_copy_reads_of_each_others_pages(pair):
     """HiCacheFile stores get_data_page's raw bytes; a Galahad record holds the same bytes."""
-    keys = page_keys(2, "generic")
+    keys = chain_keys(2, "generic")
     pair.write_kv(keys, [0, 1])
     file_pages = pair.file.batch_get(keys, [pair.kv.get_dummy_flat_data_page() for _ in keys])
     assert pair.galahad.batch_get_v1(keys, slots_of([14, 15], 4)) == [True, True]
@@ -282,11 +280,11 @@ def _damage(pair, key: str, *, pool: str = "kv") -> None:
     """Flips the last byte of the key's HiCacheFile file and of its Galahad record."""
     infix = "" if pool == "kv" else f".{pool}"
     flip_byte(next(pair.file_dir.glob(f"{key}{infix}_*.bin")))
-    flip_byte(record_path(pair.root, key, pool))
+    flip_byte(find_record(pair.root, key, pool))
 
 
 def test_D1_damaged_bytes_served_by_hicache_file_but_a_miss_here(pair):
-    keys = page_keys(1, "D1")
+    keys = chain_keys(1, "D1")
     pair.write_kv(keys, [0])
     _damage(pair, keys[0])
     served = pair.file.get(keys[0], pair.kv.get_dummy_flat_data_page())
@@ -297,9 +295,9 @@ def test_D1_damaged_bytes_served_by_hicache_file_but_a_miss_here(pair):
 
 
 def test_D2_truncated_file_raises_in_hicache_file_but_is_a_miss_here(pair):
-    keys = page_keys(1, "D2")
+    keys = chain_keys(1, "D2")
     pair.write_kv(keys, [0])
-    for path in (next(pair.file_dir.glob(f"{keys[0]}_*.bin")), record_path(pair.root, keys[0])):
+    for path in (next(pair.file_dir.glob(f"{keys[0]}_*.bin")), find_record(pair.root, keys[0])):
         os.truncate(path, path.stat().st_size - 100)
     with pytest.raises(OSError, match="Short read"):
         pair.file.get(keys[0], pair.kv.get_dummy_flat_data_page())
@@ -307,7 +305,7 @@ def test_D2_truncated_file_raises_in_hicache_file_but_is_a_miss_here(pair):
 
 
 def test_D3_damaged_record_is_healed_by_the_next_set_here_only(pair):
-    keys = page_keys(1, "D3")
+    keys = chain_keys(1, "D3")
     pair.write_kv(keys, [0])
     _damage(pair, keys[0])
     assert pair.galahad.batch_get_v1(keys, slots_of([3], 4)) == [False]  # quarantined
@@ -320,7 +318,7 @@ def test_D3_damaged_record_is_healed_by_the_next_set_here_only(pair):
 
 
 def test_D4_unknown_hit_policy(pair):
-    keys = page_keys(2, "D4")
+    keys = chain_keys(2, "D4")
     pair.write_kv(keys, [0, 1])
     pair.write_states(PoolName.MAMBA, keys, [0, 1])
     blocks = transfer(PoolName.MAMBA, keys, policy=PoolHitPolicy.BLOCK_GROUPS)
@@ -330,7 +328,7 @@ def test_D4_unknown_hit_policy(pair):
 
 
 def test_D5_damaged_deepest_state(pair):
-    keys = page_keys(4, "D5")
+    keys = chain_keys(4, "D5")
     pair.write_kv(keys, range(4))
     pair.write_states(PoolName.MAMBA, keys, [1, 3])
     _damage(pair, keys[3], pool="mamba")
@@ -347,7 +345,7 @@ def test_D5_damaged_deepest_state(pair):
 
 
 def test_D6_unregistered_pool(pair, tmp_path):
-    keys = page_keys(2, "D6")
+    keys = chain_keys(2, "D6")
     pair.write_kv(keys, [0, 1])
     pair.write_states(PoolName.MAMBA, keys, [1])
     file_only_kv = create_hicache_file(pair.file_dir, pair.kv)
@@ -368,7 +366,7 @@ def test_D6_unregistered_pool(pair, tmp_path):
 
 
 def test_D7_wrong_size_target(pair):
-    keys = page_keys(1, "D7")
+    keys = chain_keys(1, "D7")
     pair.write_kv(keys, [0])
     short = torch.zeros(8, dtype=pair.kv.dtype)
     assert pair.file.get(keys[0], short) is short  # a hit holding the first 16 bytes

@@ -9,6 +9,7 @@ import threading
 
 import pytest
 import torch
+from records import chain_keys, find_record, flip_byte
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageFailureInjector,
     PoolHitPolicy,
@@ -17,25 +18,15 @@ from sglang.srt.mem_cache.hicache_storage import (
 from sglang_pools import (
     assert_pages_equal,
     create_galahad,
-    flip_byte,
-    galahad_maker,
     mamba_pool,
     mha_pool,
     normalized,
     page_bytes,
-    page_keys,
-    record_path,
     slots_of,
     transfer,
 )
 
 TRAILING = PoolHitPolicy.TRAILING_PAGES
-
-
-@pytest.fixture
-def galahad(tmp_path):
-    with galahad_maker(tmp_path / "store") as make:
-        yield make
 
 
 def tail(window: int = 1):
@@ -56,12 +47,12 @@ def test_a_damaged_record_is_a_miss_on_every_path(galahad, offset):
     kv, states = mha_pool("page_first_direct"), mamba_pool()
     backend = galahad(kv, {PoolName.MAMBA: states})
     root = backend.store.root
-    keys = page_keys(8, f"damage-{offset}")
+    keys = chain_keys(8, f"damage-{offset}")
     assert backend.batch_set_v1(keys, slots_of(range(8), 4)) == [True] * 8
     results = backend.batch_set_v2([transfer(PoolName.MAMBA, keys[:2], [0, 1])])
     assert results == {"mamba": [True, True]}
-    damaged = [record_path(root, keys[i]) for i in (1, 3, 5, 7)]
-    for path in [*damaged, record_path(root, keys[1], "mamba")]:
+    damaged = [find_record(root, keys[i]) for i in (1, 3, 5, 7)]
+    for path in [*damaged, find_record(root, keys[1], "mamba")]:
         flip_byte(path, path.stat().st_size // 2 if offset == "middle" else offset)
     clear_pages(kv, range(8, 16))
 
@@ -94,10 +85,10 @@ def test_a_damaged_record_is_a_miss_on_every_path(galahad, offset):
 def test_damage_of_other_kinds_is_a_miss(galahad):
     kv = mha_pool()
     backend = galahad(kv)
-    keys = page_keys(6, "kinds")
+    keys = chain_keys(6, "kinds")
     assert backend.batch_set_v1(keys, slots_of(range(6), 4)) == [True] * 6
     root = backend.store.root
-    paths = [record_path(root, key) for key in keys]
+    paths = [find_record(root, key) for key in keys]
     os.truncate(paths[0], paths[0].stat().st_size - 1)  # truncated
     os.truncate(paths[1], 0)  # empty
     shutil.copy(paths[3], paths[2])  # another key's record under this key's name
@@ -106,7 +97,7 @@ def test_damage_of_other_kinds_is_a_miss(galahad):
     # a sound record of the same key, but from another namespace (another tenant's)
     other = galahad(mha_pool(seed=9), root=root, tenant="other")
     assert other.batch_set_v1(keys[5:], slots_of([5], 4)) == [True]
-    shutil.copy(record_path(root, keys[5], tenant="other"), paths[5])
+    shutil.copy(find_record(root, keys[5], tenant="other"), paths[5])
 
     clear_pages(kv, range(8, 14))
     flags = backend.batch_get_v1(keys, slots_of(range(8, 14), 4))
@@ -123,7 +114,7 @@ def test_trailing_boundary_snaps_back_to_an_intact_state(galahad):
     whose deepest state is at 2."""
     kv, states = mha_pool(), mamba_pool()
     backend = galahad(kv, {PoolName.MAMBA: states})
-    keys = page_keys(8, "boundary")
+    keys = chain_keys(8, "boundary")
     assert backend.batch_set_v1(keys, slots_of(range(8), 4)) == [True] * 8
     for index in (1, 3, 5):
         assert backend.batch_set_v2([transfer(PoolName.MAMBA, [keys[index]], [index])]) == {
@@ -136,15 +127,15 @@ def test_trailing_boundary_snaps_back_to_an_intact_state(galahad):
         [2, 4, 6],
     )
 
-    flip_byte(record_path(root, keys[5], "mamba"), -3)
+    flip_byte(find_record(root, keys[5], "mamba"), -3)
     assert normalized(backend.batch_exists_v2(keys, [tail()])) == (4, {"kv": 8, "mamba": 4}, [2, 4])
-    assert record_path(root, keys[5], "mamba") is None
+    assert find_record(root, keys[5], "mamba") is None
     assert len(os.listdir(os.path.join(root, "quarantine"))) == 1
     assert backend.batch_get_v2([transfer(PoolName.MAMBA, [keys[5]], [12])]) == {"mamba": [False]}
     assert backend.batch_get_v2([transfer(PoolName.MAMBA, [keys[3]], [12])]) == {"mamba": [True]}
     assert torch.equal(page_bytes(states, 12), page_bytes(states, 3))
 
-    record_path(root, keys[3]).unlink()  # KV page 3 evicted
+    find_record(root, keys[3]).unlink()  # KV page 3 evicted
     assert normalized(backend.batch_exists_v2(keys, [tail()])) == (2, {"kv": 3, "mamba": 2}, [2])
     assert backend.batch_exists(keys) == 3
 
@@ -152,7 +143,7 @@ def test_trailing_boundary_snaps_back_to_an_intact_state(galahad):
 def test_trailing_window_2_with_missing_and_damaged_states(galahad):
     kv, states = mha_pool(), mamba_pool()
     backend = galahad(kv, {PoolName.MAMBA: states})
-    keys = page_keys(8, "window-2")
+    keys = chain_keys(8, "window-2")
     assert backend.batch_set_v1(keys, slots_of(range(8), 4)) == [True] * 8
     state_pages = [2, 3, 5, 6]  # windows complete at lengths 4 and 7
     results = backend.batch_set_v2(
@@ -165,9 +156,9 @@ def test_trailing_window_2_with_missing_and_damaged_states(galahad):
         {"kv": 8, "mamba": 7},
         [4, 7],
     )
-    flip_byte(record_path(root, keys[5], "mamba"), -1)  # the first state of the deepest window
+    flip_byte(find_record(root, keys[5], "mamba"), -1)  # the first state of the deepest window
     assert normalized(backend.batch_exists_v2(keys, [tail(2)])) == (4, {"kv": 8, "mamba": 4}, [4])
-    record_path(root, keys[2], "mamba").unlink()  # a state of the remaining window is missing
+    find_record(root, keys[2], "mamba").unlink()  # a state of the remaining window is missing
     assert normalized(backend.batch_exists_v2(keys, [tail(2)])) == (0, {"kv": 8}, [])
     assert normalized(backend.batch_exists_v2(keys, [tail(1)])) == (
         7,
@@ -188,7 +179,7 @@ def test_sglang_failure_injector(tmp_path, monkeypatch):
     backend = create_galahad(tmp_path / "store", kv, {PoolName.MAMBA: states})
     try:
         assert isinstance(backend, HiCacheStorageFailureInjector)
-        keys = page_keys(4, "injected")
+        keys = chain_keys(4, "injected")
         for _ in range(40):
             if backend.batch_set_v1(keys, slots_of(range(4), 4)) == [True] * 4:
                 break
@@ -233,7 +224,7 @@ def test_concurrent_exists_reads_and_writes_on_overlapping_keys(galahad):
     kv = mha_pool(tokens=64)  # 33 pages: sources 0..5, each thread reads into its own 6
     states = mamba_pool(slots=16)
     backend = galahad(kv, {PoolName.MAMBA: states})
-    keys = page_keys(6, "concurrent")
+    keys = chain_keys(6, "concurrent")
     threads_count, rounds = 4, 12
     barrier = threading.Barrier(threads_count)
     errors: list[BaseException] = []

@@ -10,16 +10,14 @@ from __future__ import annotations
 
 import pytest
 import torch
+from records import chain_keys, record_files
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang_pools import (
     assert_pages_equal,
-    galahad_maker,
     mamba_pool,
     mha_pool,
     mla_pool,
     page_bytes,
-    page_keys,
-    record_files,
     slots_of,
     transfer,
 )
@@ -27,15 +25,9 @@ from sglang_pools import (
 TRAILING = PoolHitPolicy.TRAILING_PAGES
 
 
-@pytest.fixture
-def galahad(tmp_path):
-    with galahad_maker(tmp_path / "store") as make:
-        yield make
-
-
 def test_records_survive_a_new_instance(galahad):
     kv, states = mha_pool("page_head", torch.float16), mamba_pool()
-    keys = page_keys(5, "restart")
+    keys = chain_keys(5, "restart")
     first = galahad(kv, {PoolName.MAMBA: states})
     assert first.batch_set_v1(keys[:3], slots_of([0, 1, 2], 4)) == [True] * 3
     assert first.batch_set(keys[3:], [kv.get_data_page(12), kv.get_data_page(16)]) is True
@@ -72,7 +64,7 @@ OTHER_POOLS = {
 @pytest.mark.parametrize("difference", list(OTHERS) + list(OTHER_POOLS))
 def test_other_instances_see_nothing_and_clear_only_their_own(galahad, difference):
     kv, states = mha_pool("page_first", torch.bfloat16), mamba_pool()
-    keys = page_keys(4, "isolation")
+    keys = chain_keys(4, "isolation")
     mine = galahad(kv, {PoolName.MAMBA: states})
     assert mine.batch_set_v1(keys, slots_of([0, 1, 2, 3], 4)) == [True] * 4
     assert mine.batch_set_v2([transfer(PoolName.MAMBA, keys[3:], [3])]) == {"mamba": [True]}
@@ -106,7 +98,7 @@ def test_states_belong_to_the_kv_namespace_they_were_saved_with(galahad):
     differs (here bf16 -> fp16 KV, which changes the computed states) found the old server's
     state, kept it when saving its own (an existing record is never rewritten) and restored it
     next to its own KV pages. States now carry the KV namespace."""
-    keys = page_keys(2, "kv-tied")
+    keys = chain_keys(2, "kv-tied")
     bf16_states = mamba_pool(seed=1)
     bf16 = galahad(mha_pool(dtype=torch.bfloat16), {PoolName.MAMBA: bf16_states})
     assert bf16.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
@@ -128,7 +120,7 @@ def test_mla_kv_is_shared_across_tp_ranks_but_states_are_not(galahad):
     """MLA KV is replicated over TP ranks (rank 0 writes, every rank reads); recurrent state is
     each rank's own shard even for MLA models."""
     kv, states = mla_pool("page_first"), mamba_pool()
-    keys = page_keys(2, "mla")
+    keys = chain_keys(2, "mla")
     rank0 = galahad(kv, {PoolName.MAMBA: states}, config={"is_mla_model": True, "tp_size": 2})
     assert rank0.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
     assert rank0.batch_set_v2([transfer(PoolName.MAMBA, keys[1:], [1])]) == {"mamba": [True]}
@@ -158,7 +150,7 @@ def test_fp8_formats_are_isolated_inside_a_server(galahad, monkeypatch):
 
     from hicache_galahad import binding
 
-    keys = page_keys(1, "fp8-server")
+    keys = chain_keys(1, "fp8-server")
     monkeypatch.setattr(
         binding, "server_args", lambda: types.SimpleNamespace(kv_cache_dtype="fp8_e4m3")
     )

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from records import chain_keys, find_record
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransferResult
 from sglang_pools import (
     KV_DTYPES,
@@ -19,13 +20,10 @@ from sglang_pools import (
     MHA_LAYOUTS,
     MLA_LAYOUTS,
     assert_pages_equal,
-    galahad_maker,
     mamba_pool,
     mha_pool,
     mla_pool,
     page_bytes,
-    page_keys,
-    record_path,
     slots_of,
     transfer,
 )
@@ -58,12 +56,6 @@ MAMBA_POOLS = {
         for layout in MAMBA_LAYOUTS
     },
 }
-
-
-@pytest.fixture
-def galahad(tmp_path):
-    with galahad_maker(tmp_path / "store") as make:
-        yield make
 
 
 def write(path: str, backend, pool, keys, pages) -> None:
@@ -112,7 +104,7 @@ def test_every_kv_path_reads_back_what_every_path_wrote(galahad, pool_id):
     backend = galahad(pool, {}, config={"is_mla_model": pool_id.startswith("mla")})
     assert backend.binder.kv().layout.supported  # the zero-copy path is the one under test
     for writer in PATHS:
-        keys = page_keys(len(SRC_PAGES), f"{pool_id}/{writer}")
+        keys = chain_keys(len(SRC_PAGES), f"{pool_id}/{writer}")
         write(writer, backend, pool, keys, SRC_PAGES)
         assert backend.batch_exists(keys) == len(keys)
         assert all(backend.exists(key) for key in keys)
@@ -138,12 +130,12 @@ def test_flat_page_fallback_and_zero_copy_share_records(galahad, pool_id):
     assert zero_copy.binder.kv().layout.supported and not fallback.binder.kv().layout.supported
     assert zero_copy.binder.kv().namespace == fallback.binder.kv().namespace
 
-    keys = page_keys(1, f"fallback/{pool_id}")
+    keys = chain_keys(1, f"fallback/{pool_id}")
     assert fallback.batch_set_v1(keys, slots_of([0], small.page_size)) == [True]
     assert zero_copy.batch_get_v1(keys, slots_of([5], big.page_size)) == [True]
     assert torch.equal(page_bytes(small, 0), page_bytes(big, 5 * big.page_size))
 
-    keys = page_keys(1, f"zero-copy/{pool_id}")
+    keys = chain_keys(1, f"zero-copy/{pool_id}")
     assert zero_copy.batch_set_v1(keys, slots_of([6], big.page_size)) == [True]
     assert fallback.batch_get_v1(keys, slots_of([small_pages - 1], small.page_size)) == [True]
     assert torch.equal(
@@ -157,7 +149,7 @@ def test_mamba_states_round_trip_through_v2(galahad, pool_id):
     kv = mha_pool("page_first")
     backend = galahad(kv, {PoolName.MAMBA: states})
     assert backend.binder.bindings["mamba"].layout.supported
-    keys = page_keys(len(SRC_PAGES), f"mamba/{pool_id}")
+    keys = chain_keys(len(SRC_PAGES), f"mamba/{pool_id}")
     mamba = PoolHitPolicy.TRAILING_PAGES
     results = backend.batch_set_v2([transfer(PoolName.MAMBA, keys, SRC_PAGES, policy=mamba)])
     assert results == {"mamba": [True, True, True]}
@@ -174,7 +166,7 @@ def test_mamba_states_zero_copy_and_flat_page_fallback_agree(galahad):
     zero_copy = galahad(mha_pool(), {PoolName.MAMBA: big})
     fallback = galahad(mha_pool(), {PoolName.MAMBA: small})
     assert not fallback.binder.bindings["mamba"].layout.supported
-    keys = page_keys(2, "mamba-fallback")
+    keys = chain_keys(2, "mamba-fallback")
     assert zero_copy.batch_set_v2([transfer(PoolName.MAMBA, keys[:1], [4])]) == {"mamba": [True]}
     assert fallback.batch_set_v2([transfer(PoolName.MAMBA, keys[1:], [0])]) == {"mamba": [True]}
     assert fallback.batch_get_v2([transfer(PoolName.MAMBA, keys[:1], [1])]) == {"mamba": [True]}
@@ -186,7 +178,7 @@ def test_mamba_states_zero_copy_and_flat_page_fallback_agree(galahad):
 def test_kv_and_mamba_in_one_v2_call(galahad):
     kv, states = mha_pool("page_first_direct"), mamba_pool("page_first_direct")
     backend = galahad(kv, {PoolName.MAMBA: states})
-    keys = page_keys(4, "hybrid")
+    keys = chain_keys(4, "hybrid")
     results = backend.batch_set_v2(
         [
             transfer(PoolName.KV, keys, [0, 1, 2, 3], page_size=kv.page_size),
@@ -214,7 +206,7 @@ def test_kv_and_mamba_in_one_v2_call(galahad):
 def test_partial_hits_give_one_flag_per_key(galahad):
     pool = mha_pool()
     backend = galahad(pool, {PoolName.MAMBA: mamba_pool()})
-    keys = page_keys(4, "partial")
+    keys = chain_keys(4, "partial")
     assert backend.batch_set_v1([keys[0], keys[2]], slots_of([0, 2], 4)) == [True, True]
     assert backend.batch_exists(keys) == 1
     assert [backend.exists(key) for key in keys] == [True, False, True, False]
@@ -231,14 +223,14 @@ def test_partial_hits_give_one_flag_per_key(galahad):
 def test_get_without_target_returns_a_new_flat_page(galahad):
     pool = mha_pool("layer_first", torch.float16)
     backend = galahad(pool)
-    keys = page_keys(2, "no-target")
+    keys = chain_keys(2, "no-target")
     assert backend.batch_set_v1(keys, slots_of([3, 4], 4)) == [True, True]
     page = backend.get(keys[0])
     assert page is not None and page.dtype == torch.float16
     assert torch.equal(page.view(torch.uint8), page_bytes(pool, 12))
     pages = backend.batch_get(keys)
     assert torch.equal(pages[1].view(torch.uint8), page_bytes(pool, 16))
-    assert backend.get(page_keys(1, "absent")[0]) is None
+    assert backend.get(chain_keys(1, "absent")[0]) is None
 
 
 def test_empty_calls(galahad):
@@ -257,7 +249,7 @@ def test_empty_calls(galahad):
 def test_misuse_is_a_miss_with_one_flag_per_key(galahad, tmp_path):
     pool = mha_pool()
     backend = galahad(pool, {PoolName.MAMBA: mamba_pool()})
-    keys = page_keys(3, "misuse")
+    keys = chain_keys(3, "misuse")
     assert backend.batch_set_v1(keys, slots_of([0, 1, 2], 4)) == [True] * 3
     # host_indices that do not cover len(keys) pages of page_size tokens (HiCacheFile: same)
     assert backend.batch_get_v1(keys, slots_of([5, 6], 4)) == [False] * 3
@@ -292,7 +284,7 @@ def test_wrong_size_flat_pages_are_refused_without_harming_records(galahad):
     one. Now the adapter refuses such a page (a miss / False) before touching the store."""
     pool = mha_pool()
     backend = galahad(pool)
-    keys = page_keys(2, "wrong-size")
+    keys = chain_keys(2, "wrong-size")
     assert backend.batch_set_v1(keys[:1], slots_of([0], 4)) == [True]
     short = torch.zeros(pool.get_dummy_flat_data_page().numel() - 1, dtype=pool.dtype)
     long_ = torch.zeros(pool.get_dummy_flat_data_page().numel() + 8, dtype=pool.dtype)
@@ -301,7 +293,7 @@ def test_wrong_size_flat_pages_are_refused_without_harming_records(galahad):
     assert backend.exists(keys[0]) and backend.store.stats()["quarantined"] == 0
     assert backend.set(keys[1], short) is False
     assert backend.batch_set(keys[1:], [long_]) is False
-    assert record_path(backend.store.root, keys[1]) is None
+    assert find_record(backend.store.root, keys[1]) is None
     assert backend.batch_get_v1(keys[:1], slots_of([3], 4)) == [True]
     assert_pages_equal(pool, [0], [3])
 
@@ -310,7 +302,7 @@ def test_store_exceptions_become_misses(galahad, monkeypatch):
     """Fault injection: whatever the store raises, SGLang gets misses of the right shape."""
     pool = mha_pool()
     backend = galahad(pool, {PoolName.MAMBA: mamba_pool()})
-    keys = page_keys(3, "faults")
+    keys = chain_keys(3, "faults")
 
     def explode(*args, **kwargs):
         raise OSError("injected")

@@ -10,11 +10,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from records import flip_byte, record_path, write_key_file
 
 from hicache_galahad.blaise import Blaise, compose
 from hicache_galahad.blaise.records import MODEL_FINGERPRINT, POOL, SCHEMA, section_key
 from hicache_galahad.namespace import Namespace
-from hicache_galahad.store import RecordStore, record_filename
+from hicache_galahad.store import RecordStore
 
 HARBOUR = """# Harbour
 
@@ -45,25 +46,14 @@ def open_memory(root: Path, **options) -> Blaise:
     return Blaise(str(root), **(SMALL | options))
 
 
-def record_path(root: Path, tenant: str, key: str) -> Path:
+def blaise_record(root: Path, tenant: str, key: str) -> Path:
+    """Where Blaise keeps `key` of `tenant`: in its own store, under root/blaise."""
     namespace = Namespace(tenant, MODEL_FINGERPRINT, POOL, {"schema": SCHEMA})
-    return root / "blaise" / "ns" / namespace.dirname / record_filename(key)
-
-
-def flip_last_byte(path: Path) -> None:
-    data = bytearray(path.read_bytes())
-    data[-1] ^= 0x5A
-    path.write_bytes(bytes(data))
+    return Path(record_path(root / "blaise", namespace, key))
 
 
 def all_record_bytes(root: Path) -> bytes:
     return b"".join(p.read_bytes() for p in (root / "blaise").rglob("*") if p.is_file())
-
-
-def make_key_file(path: Path) -> str:
-    path.write_bytes(os.urandom(32))
-    path.chmod(0o600)
-    return str(path)
 
 
 # ------------------------------------------------------------------------------ documents
@@ -120,11 +110,11 @@ def test_replace_and_remove(tmp_path):
         assert memory.read("doc") == orchard
         assert memory.select("How long is the Quorvane Bridge?") == []
         replaced = [section_key("doc", harbour[s.start : s.end]) for s in first]
-        assert not any(record_path(tmp_path, "default", key).exists() for key in replaced)
+        assert not any(blaise_record(tmp_path, "default", key).exists() for key in replaced)
         assert memory.remove("doc") and not memory.remove("doc")
         assert memory.documents() == [] and memory.select("apple trees") == []
         removed = [section_key("doc", orchard[s.start : s.end]) for s in second]
-        assert not any(record_path(tmp_path, "default", key).exists() for key in removed)
+        assert not any(blaise_record(tmp_path, "default", key).exists() for key in removed)
     with open_memory(tmp_path) as memory:
         assert memory.documents() == []
 
@@ -188,7 +178,7 @@ def test_tenants_are_isolated(tmp_path):
 
 
 def test_encrypted_records_hold_no_plaintext_and_need_the_key(tmp_path, caplog):
-    key = make_key_file(tmp_path / "key")
+    key = write_key_file(tmp_path / "key")
     root = tmp_path / "root"
     with open_memory(root, encryption_key_file=key) as memory:
         memory.add("harbour.md", HARBOUR)
@@ -198,7 +188,7 @@ def test_encrypted_records_hold_no_plaintext_and_need_the_key(tmp_path, caplog):
         assert needle not in stored
     with open_memory(root, encryption_key_file=key) as memory:
         assert memory.select("How long is the Quorvane Bridge?")[0].doc_id == "harbour.md"
-    other = make_key_file(tmp_path / "other-key")
+    other = write_key_file(tmp_path / "other-key")
     with caplog.at_level(logging.WARNING), open_memory(root, encryption_key_file=other) as memory:
         assert memory.documents() == [] and memory.select("Quorvane Bridge") == []
         assert memory.skipped and all(item.what == "catalog entry" for item in memory.skipped)
@@ -235,7 +225,7 @@ def test_a_damaged_section_is_skipped_and_reported(tmp_path, caplog):
         target = memory.select(question)[0]
         data = HARBOUR.encode()
         key = section_key("harbour.md", data[target.start : target.end])
-        flip_last_byte(record_path(tmp_path, "default", key))
+        flip_byte(blaise_record(tmp_path, "default", key), mask=0x5A)
         with caplog.at_level(logging.WARNING):
             found = memory.select(question)
         assert [(s.doc_id, s.start) for s in found.skipped] == [("harbour.md", target.start)]
@@ -261,7 +251,7 @@ def test_a_damaged_manifest_skips_only_its_document(tmp_path, caplog):
     ]
     manifests = [p for p in manifests if b'"sections"' in p.read_bytes()]
     assert len(manifests) == 1
-    flip_last_byte(manifests[0])
+    flip_byte(manifests[0], mask=0x5A)
     with caplog.at_level(logging.WARNING), open_memory(tmp_path) as memory:
         assert memory.documents() == ["harbour.md"]
         assert [(s.what, s.doc_id) for s in memory.skipped] == [("manifest", "orchard.txt")]
@@ -272,7 +262,7 @@ def test_a_damaged_catalog_entry_is_skipped(tmp_path, caplog):
     with open_memory(tmp_path) as memory:
         memory.add("harbour.md", HARBOUR)
         memory.add("orchard.txt", ORCHARD)
-    flip_last_byte(record_path(tmp_path, "default", "log/0"))
+    flip_byte(blaise_record(tmp_path, "default", "log/0"), mask=0x5A)
     with caplog.at_level(logging.WARNING), open_memory(tmp_path) as memory:
         assert memory.documents() == ["orchard.txt"]  # entry 1 is still read after the gap
         assert [s.what for s in memory.skipped] == ["catalog entry"]

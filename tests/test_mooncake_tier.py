@@ -192,6 +192,7 @@ def run_child(code: str, *args: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_round_trip_between_two_processes(cluster):
     config = json.dumps(cluster.tier_config())
     written = run_child(WRITER, config)
@@ -203,6 +204,7 @@ def test_round_trip_between_two_processes(cluster):
     assert read["counters"]["hits"] == 12 and read["counters"]["misses"] == 1
 
 
+@pytest.mark.slow
 def test_missing_empty_and_oversized_values_are_none(cluster, make_tier):
     tier = connected(make_tier, cluster)
     put_all(tier, {"v/a": b"a" * 1000, "v/b": b"b" * 10})
@@ -217,6 +219,7 @@ def test_missing_empty_and_oversized_values_are_none(cluster, make_tier):
     assert counters["put_dropped"] == 1 and counters["unexpected_errors"] == 0
 
 
+@pytest.mark.slow
 def test_first_writer_wins_until_removed(cluster, make_tier):
     tier = connected(make_tier, cluster)
     raw = RawClient(cluster)
@@ -237,6 +240,7 @@ def test_first_writer_wins_until_removed(cluster, make_tier):
     assert tier.counters()["put_exists"] == 2
 
 
+@pytest.mark.slow
 def test_full_queue_drops_and_counts(cluster, make_tier):
     tier = connected(make_tier, cluster, queue_max_bytes=MIB, transfer_buffer_bytes=MIB)
     value = os.urandom(300 * KIB)
@@ -252,6 +256,7 @@ def test_full_queue_drops_and_counts(cluster, make_tier):
     assert tier.get_many(kept, [300 * KIB] * len(kept)) == [value] * len(kept)
 
 
+@pytest.mark.slow
 def test_concurrent_readers_and_a_writer(cluster, make_tier):
     tier = connected(make_tier, cluster)
     values = {f"c/{i}": os.urandom(64 * KIB) for i in range(64)}
@@ -274,6 +279,7 @@ def test_concurrent_readers_and_a_writer(cluster, make_tier):
     assert errors == [] and tier.flush(10)
 
 
+@pytest.mark.slow
 def test_full_mooncake_memory_fails_puts_without_exceptions(small_cluster, make_tier):
     tier = connected(make_tier, small_cluster)
     for i in range(6):

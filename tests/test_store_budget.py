@@ -8,18 +8,8 @@ import random
 import threading
 import time
 
-from store_helpers import (
-    NS_A,
-    checked_get,
-    children,
-    content,
-    read_line,
-    record_files,
-    record_path,
-    spawn,
-    store_disk_bytes,
-    temp_files,
-)
+from records import record_files, record_path, store_disk_bytes, temp_files
+from store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
 from hicache_galahad import format as fmt
 from hicache_galahad.store import RecordStore

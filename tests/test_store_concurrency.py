@@ -8,16 +8,8 @@ import random
 import threading
 
 import pytest
-from store_helpers import (
-    NS_A,
-    checked_get,
-    children,
-    content,
-    read_line,
-    spawn,
-    store_disk_bytes,
-    temp_files,
-)
+from records import store_disk_bytes, temp_files
+from store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
 from hicache_galahad.store import RecordStore
 

@@ -13,18 +13,8 @@ import signal
 import time
 
 import pytest
-from store_helpers import (
-    NS_A,
-    children,
-    content,
-    crash_keyspace,
-    header_of,
-    read_line,
-    record_files,
-    spawn,
-    store_disk_bytes,
-    temp_files,
-)
+from records import record_files, store_disk_bytes, temp_files
+from store_helpers import NS_A, children, content, crash_keyspace, header_of, read_line, spawn
 
 from hicache_galahad.store import RecordStore
 

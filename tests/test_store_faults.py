@@ -8,10 +8,7 @@ import os
 import threading
 
 import pytest
-from store_helpers import (
-    NS_A,
-    checked_get,
-    content,
+from records import (
     quarantine_files,
     record_files,
     record_path,
@@ -19,6 +16,7 @@ from store_helpers import (
     temp_files,
     write_key_file,
 )
+from store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.store import RecordStore
 

@@ -15,19 +15,8 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-from store_helpers import (
-    NS_A,
-    checked_get,
-    content,
-    dead_pid,
-    header_of,
-    hex_key,
-    quarantine_files,
-    record_path,
-    stop,
-    temp_files,
-    write_key_file,
-)
+from records import quarantine_files, record_path, temp_files, write_key_file
+from store_helpers import NS_A, checked_get, content, dead_pid, header_of, hex_key, stop
 
 from hicache_galahad import format as fmt
 from hicache_galahad.crypto import KeyFileError

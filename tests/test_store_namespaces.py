@@ -6,7 +6,8 @@ import os
 import shutil
 
 import pytest
-from store_helpers import NS_A, checked_get, content, ns_dir, record_path, write_key_file
+from records import ns_dir, record_path, write_key_file
+from store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.namespace import Namespace
 from hicache_galahad.store import RecordStore

@@ -6,22 +6,17 @@ from __future__ import annotations
 import os
 
 import pytest
+from records import flip_byte, record_files, record_path, write_key_file
 
 from hicache_galahad.namespace import Namespace
-from hicache_galahad.store import RecordStore, record_filename
+from hicache_galahad.store import RecordStore
 
 NS = Namespace("tenant", "model", "kv", {"page_bytes": 4096})
 PAGE = bytes(range(256)) * 16
 
 
 def key_file(path, seed: int) -> str:
-    path.write_bytes(bytes((seed + index) % 256 for index in range(32)))
-    path.chmod(0o600)
-    return str(path)
-
-
-def record_count(root) -> int:
-    return len(list((root / "ns" / NS.dirname).glob("*.rec")))
+    return write_key_file(path, bytes((seed + index) % 256 for index in range(32)))
 
 
 def test_wrong_key_misses_without_quarantining(tmp_path):
@@ -35,7 +30,7 @@ def test_wrong_key_misses_without_quarantining(tmp_path):
         assert store.get(NS, "b", len(PAGE)) is None
         report = store.check(fix=True)
         assert not report.damaged and len(report.unverifiable) == 3
-    assert record_count(tmp_path / "s") == 3
+    assert len(record_files(tmp_path / "s")) == 3
     with RecordStore(str(tmp_path / "s"), encryption_key_file=good) as store:
         assert store.get(NS, "c", len(PAGE)) == PAGE
 
@@ -45,13 +40,11 @@ def test_tampered_record_is_quarantined_once_the_key_is_proven(tmp_path):
     with RecordStore(str(tmp_path / "s"), encryption_key_file=good) as store:
         store.register_namespace(NS)
         assert all(store.put_many(NS, ["a", "b"], [PAGE] * 2))
-        path = tmp_path / "s" / "ns" / NS.dirname / record_filename("b")
-        data = bytearray(path.read_bytes())
-        data[-1] ^= 1
-        path.write_bytes(bytes(data))
+        path = record_path(tmp_path / "s", NS, "b")
+        flip_byte(path, mask=1)
         assert store.get(NS, "a", len(PAGE)) == PAGE  # this key opens records here
         assert store.get(NS, "b", len(PAGE)) is None
-        assert not path.exists() and store.stats()["quarantined"] == 1
+        assert not os.path.exists(path) and store.stats()["quarantined"] == 1
 
 
 def test_plaintext_records_survive_an_encrypted_reader(tmp_path):

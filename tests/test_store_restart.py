@@ -9,17 +9,8 @@ import shutil
 import time
 
 import pytest
-from store_helpers import (
-    NS_A,
-    checked_get,
-    content,
-    hex_key,
-    record_path,
-    run_json,
-    store_disk_bytes,
-    temp_files,
-    write_key_file,
-)
+from records import record_path, store_disk_bytes, temp_files, write_key_file
+from store_helpers import NS_A, checked_get, content, hex_key, run_json
 
 from hicache_galahad.store import RecordStore
 
