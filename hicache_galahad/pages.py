@@ -117,12 +117,35 @@ class PageLayout:
         ]
 
 
+# The order of the elements in a pool's flat page (get_data_page(flat=True)), per pool class
+# and host memory layout, read off SGLang 0.5.23's init_kv_buffer and get_data_page. Layouts
+# with the same order hold identical page bytes for the same KV, so their records are shared
+# (as SGLang's own file backend shares them); an unknown pair keys on its layout name.
+PAGE_BYTE_ORDERS = {
+    ("MHATokenToKVPoolHost", "layer_first"): "kv,layer,token,head,dim",
+    ("MHATokenToKVPoolHost", "page_first"): "kv,token,layer,head,dim",
+    ("MHATokenToKVPoolHost", "page_first_direct"): "kv,layer,token,head,dim",
+    ("MHATokenToKVPoolHost", "page_head"): "kv,head,token,layer,dim",
+    ("MLATokenToKVPoolHost", "layer_first"): "layer,token,head,dim",
+    ("MLATokenToKVPoolHost", "page_first"): "token,layer,head,dim",
+    ("MLATokenToKVPoolHost", "page_first_direct"): "layer,token,head,dim",
+    ("MambaPoolHost", "page_first"): "slot:temporal,conv...,side...",
+    ("MambaPoolHost", "page_first_direct"): "slot:temporal,conv...,side...",
+}
+
+
+def page_byte_order(pool) -> str:
+    layout = getattr(pool, "layout", None)
+    return PAGE_BYTE_ORDERS.get((type(pool).__name__, layout), f"layout:{layout}")
+
+
 def describe_pool(pool) -> dict:
-    """The geometry that decides a page's bytes: any difference must be another namespace."""
+    """The geometry that decides a page's bytes: any difference must be another namespace.
+    The host memory layout itself is not part of it, only the byte order it gives a page."""
     dummy = pool.get_dummy_flat_data_page()
     geometry = {
         "class": type(pool).__name__,
-        "layout": getattr(pool, "layout", None),
+        "page_byte_order": page_byte_order(pool),
         "page_size": int(getattr(pool, "page_size", 1) or 1),
         "page_bytes": int(dummy.numel() * dummy.element_size()),
         "dtype": str(getattr(pool, "dtype", dummy.dtype)),
