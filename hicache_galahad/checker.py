@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import os
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from . import format as fmt
@@ -78,14 +79,24 @@ class Checker:
         self._read_ledger = read_ledger
         self._is_alive = is_alive
 
-    def check(self, fix: bool = False, on_record: Callable[[FileEntry], None] | None = None):
+    def check(
+        self,
+        fix: bool = False,
+        on_record: Callable[[FileEntry], None] | None = None,
+        dirnames: list[str] | None = None,
+        threads: int = 1,
+    ) -> CheckReport:
+        """Checks the namespaces `dirnames` (default: all), `threads` records at a time."""
         report = CheckReport()
 
         def unreadable(path, error):
             report.unreadable_dirs.append((path, str(error)))
 
-        for dirname in self.layout.namespace_dirnames(unreadable):
-            self._check_namespace(dirname, report, fix, on_record, unreadable)
+        if dirnames is None:
+            dirnames = self.layout.namespace_dirnames(unreadable)
+        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="galahad-verify") as pool:
+            for dirname in dirnames:
+                self._check_namespace(dirname, report, fix, on_record, unreadable, pool)
         if fix:
             self.quarantine.trim(QUARANTINE_KEEP_FILES)
         report.quarantined_files = len(self.quarantine.names())
@@ -103,8 +114,7 @@ class Checker:
             self.quarantine.total_bytes()
         )
 
-    def _check_namespace(self, dirname, report, fix, on_record, unreadable) -> None:
-        namespace = self.layout.load_namespace(dirname)
+    def _check_namespace(self, dirname, report, fix, on_record, unreadable, pool) -> None:
         for entry in sorted(self.layout.temp_files([dirname], unreadable), key=_name):
             if temp_is_stale(entry, self._is_alive):
                 report.stray_temp_files.append(entry.path)
@@ -112,27 +122,31 @@ class Checker:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
         tag_failures = []  # judged once we know whether this key opens any record here
-        for entry in sorted(self.layout.records([dirname], unreadable), key=_name):
+        entries = sorted(self.layout.records([dirname], unreadable), key=_name)
+        for entry, error in zip(entries, pool.map(self._verify, entries), strict=True):
             if on_record is not None:
                 on_record(entry)
-            try:
-                self.reader.verify_file(entry, namespace)
-            except FileNotFoundError:
+            if isinstance(error, FileNotFoundError):
                 continue  # evicted or purged while we scanned: not damage
-            except fmt.AuthenticationError as error:
+            if isinstance(error, fmt.AuthenticationError):
                 tag_failures.append((entry, error))
-                continue
-            except fmt.FormatError as error:
+            elif isinstance(error, fmt.FormatError):
                 self._judge(entry, error, report, fix, key_proven=True)
-                continue
-            except OSError as error:
+            elif isinstance(error, OSError):
                 report.unverifiable.append((entry.path, f"unreadable: {error}"))
-                continue
-            report.records += 1
-            report.record_bytes += entry.size_bytes
+            else:
+                report.records += 1
+                report.record_bytes += entry.size_bytes
         key_proven = self.reader.key_proven(dirname)
         for entry, error in tag_failures:
             self._judge(entry, error, report, fix, key_proven)
+
+    def _verify(self, entry: FileEntry) -> Exception | None:
+        try:
+            self.reader.verify_file(entry, self.layout.load_namespace_cached(entry.dirname))
+        except (fmt.FormatError, OSError) as error:
+            return error
+        return None
 
     def _judge(self, entry: FileEntry, error, report: CheckReport, fix: bool, key_proven: bool):
         if reader_may_be_wrong(error, key_proven):

@@ -1,8 +1,19 @@
-"""Operator's command line: stats, check [--fix], purge.
+"""The `galahad` command (also `python -m hicache_galahad`): see what a store holds, prove it is
+healthy, clean it, and run the demo.
 
-python -m hicache_galahad.cli --root DIR stats
-python -m hicache_galahad.cli --root DIR check [--fix] [--encryption-key-file F]
-python -m hicache_galahad.cli --root DIR purge [--tenant T]
+    galahad stats   --root DIR [--json]
+    galahad verify  --root DIR [--fix] [--tenant T] [--encryption-key-file F] [--json]
+    galahad purge   --root DIR (--tenant T | --model-fingerprint F | --older-than D) [--dry-run]
+    galahad gc      --root DIR [--max-bytes N]
+    galahad inspect --root DIR FILE|KEY [--encryption-key-file F] [--json]
+    galahad fingerprint MODEL_DIR
+    galahad demo
+    galahad blaise add|ask ...
+
+Exit status: 0 success; 1 damage found (verify); 2 an expected condition (no such store, a bad
+or too open key file, a read-only filesystem for a command that writes, a bad argument),
+reported in one line; 3 records that could not be verified (verify: encrypted, and no key or
+another key).
 """
 
 from __future__ import annotations
@@ -10,80 +21,329 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import subprocess
 import sys
+from pathlib import Path
 
-from .layout import NAMESPACE_FILE, RECORD_SUFFIX
+from . import ops
+from .errors import GalahadError
+from .fingerprint import fingerprint_model_dir
 from .store import RecordStore
+from .units import parse_bytes
+
+EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED = 0, 1, 2, 3
 
 
-def _namespaces(store: RecordStore):
-    ns_root = os.path.join(store.root, "ns")
-    for entry in sorted(os.scandir(ns_root), key=lambda item: item.name):
-        if entry.is_dir(follow_symlinks=False):
-            yield entry, store.layout.load_namespace(entry.name)
+class ExpectedCondition(Exception):
+    """A condition an operator can meet (no store there, a read-only disk): one line, exit 2."""
 
 
-def _stats(store: RecordStore) -> dict:
-    namespaces = []
-    for entry, namespace in _namespaces(store):
-        records = [item for item in os.scandir(entry.path) if item.name.endswith(RECORD_SUFFIX)]
-        namespaces.append(
-            {
-                "namespace": entry.name,
-                "tenant": namespace.tenant if namespace else None,
-                "model_fingerprint": namespace.model_fingerprint if namespace else None,
-                "pool": namespace.pool if namespace else None,
-                "records": len(records),
-                "bytes": sum(item.stat().st_size for item in records),
-            }
+# ----------------------------------------------------------------------------- helpers
+
+
+def _open(args, *, writable: bool = False) -> RecordStore:
+    root = os.path.abspath(os.path.expanduser(args.root))
+    if not os.path.isdir(os.path.join(root, "ns")):
+        if not os.path.exists(root):
+            raise ExpectedCondition(f"no directory {root}")
+        raise ExpectedCondition(f"{root} is not a hicache-galahad store (no ns/ directory)")
+    if writable and not os.access(root, os.W_OK):
+        raise ExpectedCondition(f"{root} is not writable (read-only mount or permissions)")
+    key_file = getattr(args, "encryption_key_file", None)
+    return RecordStore(root, encryption_key_file=key_file, read_only=not writable)
+
+
+def _size(value: int | None) -> str:
+    if value is None:
+        return "-"
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if value >= scale:
+            return f"{value / scale:.1f} {unit}"
+    return f"{value} B"
+
+
+def _when(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    import datetime
+
+    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
+
+
+def _table(rows: list[list[str]]) -> str:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _emit(args, data: dict, text: str) -> None:
+    print(json.dumps(data, indent=2, default=str) if getattr(args, "json", False) else text)
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_stats(args) -> int:
+    with _open(args) as store:
+        report = ops.stats_report(store)
+    rows = [
+        ["tenant", "model", "pool", "records", "on disk", "logical", "ratio", "oldest", "newest"]
+    ]
+    for ns in report["namespaces"]:
+        ratio = ns["compression_ratio"]
+        rows.append(
+            [
+                str(ns["tenant"] or "?"),
+                str(ns["model_fingerprint"] or "?")[:24],
+                str(ns["pool"] or "?"),
+                str(ns["records"]),
+                _size(ns["disk_bytes"]),
+                _size(ns["logical_bytes"]),
+                f"{ratio:.2f}" if ratio else "-",
+                _when(ns["oldest_record_s"]),
+                _when(ns["newest_record_s"]),
+            ]
         )
-    return {"root": store.root, "ledger_bytes": store.usage_bytes(), "namespaces": namespaces}
+    budget = report["budget"]
+    counters = report["lifetime_counters"]
+    lines = [
+        f"store {report['root']}: {report['records']} records, {_size(report['disk_bytes'])} on "
+        f"disk ({_size(report['logical_bytes'])} of pages), {report['quarantined_files']} "
+        "quarantined files",
+        "",
+        _table(rows),
+        "",
+        f"budget: max_bytes {_size(budget['max_bytes'])}, min_free_bytes "
+        f"{_size(budget['min_free_bytes'])}; ledger {_size(budget['ledger_bytes'])}; "
+        f"filesystem free {_size(budget['filesystem_free_bytes'])} of "
+        f"{_size(budget['filesystem_bytes'])}",
+        "lifetime: "
+        + (", ".join(f"{name} {value}" for name, value in sorted(counters.items())) or "none"),
+    ]
+    for dirname in report["unattributable_namespaces"]:
+        lines.append(f"namespace {dirname}: no readable namespace.json (owner unknown)")
+    for path in report["unreadable_dirs"]:
+        lines.append(f"skipped unreadable directory {path}")
+    _emit(args, report, "\n".join(lines))
+    return EXIT_OK
 
 
-def _purge(store: RecordStore, tenant: str | None) -> int:
-    removed = 0
-    for entry, namespace in _namespaces(store):
-        if tenant is not None and (namespace is None or namespace.tenant != tenant):
-            continue
-        if namespace is not None:
-            removed += store.clear_namespace(namespace)
-        else:  # a namespace directory without a readable description: remove its records
-            for item in os.scandir(entry.path):
-                if item.name.endswith(RECORD_SUFFIX) or item.name == NAMESPACE_FILE:
-                    os.unlink(item.path)
-                    removed += item.name.endswith(RECORD_SUFFIX)
-    store.check(fix=True)  # reconcile the ledger with what is left
-    return removed
+def cmd_verify(args) -> int:
+    with _open(args, writable=args.fix) as store:
+        dirnames = None
+        if args.tenant is not None:
+            dirnames = [
+                dirname
+                for dirname in store.layout.namespace_dirnames()
+                if (ns := store.layout.load_namespace(dirname)) and ns.tenant == args.tenant
+            ]
+        progress = _progress(store, dirnames)
+        try:
+            report = store.check(
+                fix=args.fix,
+                dirnames=dirnames,
+                threads=args.threads,
+                on_record=(lambda entry: progress.update(entry.size_bytes)) if progress else None,
+            )
+        finally:
+            if progress:
+                progress.close()
+    data = report.as_dict()
+    damaged_by_rule: dict[str, int] = {}
+    for _, problem in report.damaged:
+        damaged_by_rule[problem.split(":")[0]] = damaged_by_rule.get(problem.split(":")[0], 0) + 1
+    data["damaged_by_rule"] = damaged_by_rule
+    rows = [
+        ["records verified", str(report.records - len(report.unverifiable))],
+        ["bytes", _size(report.record_bytes)],
+        ["damaged", str(len(report.damaged))],
+        *[[f"  {rule}", str(count)] for rule, count in sorted(damaged_by_rule.items())],
+        ["could not verify", str(len(report.unverifiable))],
+        ["stray temp files", str(len(report.stray_temp_files))],
+        ["quarantined files", str(report.quarantined_files)],
+        ["ledger / on disk", f"{_size(report.ledger_bytes)} / {_size(report.actual_bytes)}"],
+        ["fixed", "yes" if report.fixed else "no"],
+    ]
+    lines = [_table(rows)]
+    lines += [f"damaged: {path}: {problem}" for path, problem in report.damaged[:20]]
+    if report.unverifiable:
+        lines.append(
+            f"{len(report.unverifiable)} record(s) could not be verified (e.g. "
+            f"{report.unverifiable[0][1]}): encrypted records need the right "
+            "--encryption-key-file"
+        )
+    _emit(args, data, "\n".join(lines))
+    if report.damaged or (report.stray_temp_files and not args.fix):
+        return EXIT_DAMAGE
+    return EXIT_UNVERIFIED if report.unverifiable else EXIT_OK
+
+
+def _progress(store: RecordStore, dirnames):
+    """A progress bar over the bytes to verify, on a terminal only."""
+    if not sys.stderr.isatty():
+        return None
+    from tqdm import tqdm
+
+    total = sum(entry.size_bytes for entry in store.layout.records(dirnames))
+    return tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr)
+
+
+def cmd_purge(args) -> int:
+    if args.tenant is None and args.model_fingerprint is None and args.older_than is None:
+        raise ExpectedCondition("purge needs --tenant, --model-fingerprint or --older-than")
+    older_than_s = None
+    if args.older_than is not None:
+        try:
+            older_than_s = ops.parse_duration_s(args.older_than)
+        except ValueError as error:
+            raise ExpectedCondition(str(error)) from None
+    with _open(args, writable=not args.dry_run) as store:
+        report = ops.purge(
+            store,
+            tenant=args.tenant,
+            model_fingerprint=args.model_fingerprint,
+            older_than_s=older_than_s,
+            dry_run=args.dry_run,
+        )
+    verb = "would remove" if args.dry_run else "removed"
+    lines = [f"{verb} {report.removed_records} records ({_size(report.removed_bytes)})"]
+    lines += [
+        f"namespace {dirname}: no readable namespace.json, owner unknown: left alone"
+        for dirname in report.unattributable_namespaces
+    ]
+    _emit(args, report.as_dict(), "\n".join(lines))
+    return EXIT_OK
+
+
+def cmd_gc(args) -> int:
+    with _open(args, writable=True) as store:
+        cap = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
+        if cap is None:
+            caps = [s.get("max_bytes") for s in ops.live_settings(store.root)]
+            caps = [c for c in caps if isinstance(c, int)]
+            cap = min(caps) if caps else None
+        if cap is None:
+            raise ExpectedCondition("no budget to apply: pass --max-bytes (no server set one)")
+        evicted, freed = store.evict_to(cap)
+        data = {"evicted_files": evicted, "freed_bytes": freed, "ledger_bytes": store.usage_bytes()}
+    _emit(
+        args, data, f"evicted {evicted} files ({_size(freed)}); now {_size(data['ledger_bytes'])}"
+    )
+    return EXIT_OK
+
+
+def cmd_inspect(args) -> int:
+    with _open(args) as store:
+        path = ops.find_record(store, args.target)
+        if path is None:
+            raise ExpectedCondition(f"no record {args.target!r} under {store.root}")
+        info = ops.inspect_record(store, path)
+    lines = [f"{name}: {value}" for name, value in info.items()]
+    _emit(args, info, "\n".join(lines))
+    return EXIT_OK if info["valid"] else EXIT_DAMAGE
+
+
+def cmd_fingerprint(args) -> int:
+    print(fingerprint_model_dir(args.model_dir))
+    return EXIT_OK
+
+
+def cmd_demo(args) -> int:
+    demo = Path(__file__).resolve().parent.parent / "bench" / "demo.py"
+    if not demo.is_file():
+        raise ExpectedCondition("the demo ships with the source checkout: run `make demo` there")
+    return subprocess.call([sys.executable, str(demo), *args.demo_args])
+
+
+def cmd_blaise(args) -> int:
+    from .blaise import cli as blaise_cli
+
+    return blaise_cli.run(args)
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def _root_options(parser: argparse.ArgumentParser, *, key: bool = False, as_json: bool = True):
+    parser.add_argument("--root", required=True, help="store directory (the backend's root)")
+    if key:
+        parser.add_argument(
+            "--encryption-key-file", help="32-byte master key, to verify encrypted records"
+        )
+    if as_json:
+        parser.add_argument("--json", action="store_true", help="machine-readable output")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="galahad", description="Operate a hicache-galahad store (docs/OPERATIONS.md)."
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    stats = commands.add_parser("stats", help="what the store holds, its budget and counters")
+    _root_options(stats)
+    stats.set_defaults(run=cmd_stats)
+
+    verify = commands.add_parser("verify", help="read every record and check every rule")
+    _root_options(verify, key=True)
+    verify.add_argument(
+        "--fix",
+        action="store_true",
+        help="quarantine damage, remove stray temp files, recount the ledger",
+    )
+    verify.add_argument("--tenant", help="only this tenant's records")
+    verify.add_argument("--threads", type=int, default=4, help="records read at once (4)")
+    verify.set_defaults(run=cmd_verify)
+
+    purge = commands.add_parser("purge", help="remove records of a tenant, model or age")
+    _root_options(purge)
+    purge.add_argument("--tenant", help="only this tenant's records")
+    purge.add_argument("--model-fingerprint", help="only this model's records")
+    purge.add_argument("--older-than", metavar="DURATION", help="unused for this long (12h, 7d)")
+    purge.add_argument("--dry-run", action="store_true", help="say what would go; remove nothing")
+    purge.set_defaults(run=cmd_purge)
+
+    gc = commands.add_parser("gc", help="apply the budget now (evict least recently used)")
+    _root_options(gc)
+    gc.add_argument("--max-bytes", help="budget to apply (default: the servers' max_bytes)")
+    gc.set_defaults(run=cmd_gc)
+
+    inspect = commands.add_parser("inspect", help="one record's header in words")
+    _root_options(inspect, key=True)
+    inspect.add_argument("target", metavar="FILE|KEY", help="a record file, or a record's key")
+    inspect.set_defaults(run=cmd_inspect)
+
+    fingerprint = commands.add_parser(
+        "fingerprint", help="the model fingerprint the backend computes"
+    )
+    fingerprint.add_argument("model_dir", metavar="MODEL_DIR")
+    fingerprint.set_defaults(run=cmd_fingerprint)
+
+    demo = commands.add_parser("demo", help="the README's main job: the restart demo")
+    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="passed to bench/demo.py")
+    demo.set_defaults(run=cmd_demo)
+
+    blaise = commands.add_parser("blaise", help="the text memory: add documents, ask questions")
+    from .blaise import cli as blaise_cli
+
+    blaise_cli.add_subcommands(blaise.add_subparsers(dest="blaise_command", required=True))
+    blaise.set_defaults(run=cmd_blaise)
+    return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="hicache_galahad.cli", description=__doc__.split("\n")[0])
-    parser.add_argument("--root", required=True, help="store directory")
-    parser.add_argument("--encryption-key-file", help="master key, to verify encrypted records")
-    commands = parser.add_subparsers(dest="command", required=True)
-    commands.add_parser("stats", help="namespaces, record counts and bytes")
-    check = commands.add_parser("check", help="verify every record")
-    check.add_argument("--fix", action="store_true", help="quarantine damage, fix accounting")
-    purge = commands.add_parser("purge", help="delete records")
-    purge.add_argument("--tenant", help="only this tenant's records")
-    args = parser.parse_args(argv)
-    if not os.path.isdir(os.path.join(args.root, "ns")):
-        print(f"no hicache-galahad store at {args.root}", file=sys.stderr)
-        return 2
-    store = RecordStore(args.root, encryption_key_file=args.encryption_key_file)
+    args = build_parser().parse_args(argv)
     try:
-        if args.command == "stats":
-            print(json.dumps(_stats(store), indent=2))
-            return 0
-        if args.command == "check":
-            report = store.check(fix=args.fix)
-            print(json.dumps(report.as_dict(), indent=2))
-            return 0 if report.clean or args.fix else 1
-        removed = _purge(store, args.tenant)
-        print(json.dumps({"removed_records": removed}))
-        return 0
-    finally:
-        store.close()
+        return args.run(args)
+    except (ExpectedCondition, GalahadError, OSError, ValueError) as error:
+        message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
+        where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
+        print(f"galahad: {message}{where}", file=sys.stderr)
+        return EXIT_EXPECTED
+    except KeyboardInterrupt:
+        return 130
 
 
 if __name__ == "__main__":

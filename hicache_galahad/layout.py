@@ -112,6 +112,7 @@ class StoreLayout:
         self.quarantine_dir = os.path.join(self.root, "quarantine")
         self.ledger_path = os.path.join(self.root, "ledger")
         self._dirs: dict[str, str] = {}
+        self._descriptions: dict[str, tuple[float, Namespace | None]] = {}
 
     def create(self) -> None:
         for directory in (self.root, self.ns_root, self.quarantine_dir):
@@ -219,6 +220,14 @@ class StoreLayout:
         except (OSError, ValueError, KeyError, TypeError):
             return None
         return namespace if namespace.dirname == dirname else None
+
+    def load_namespace_cached(self, dirname: str) -> Namespace | None:
+        """load_namespace, remembered for a few seconds (scans ask once per record)."""
+        now_s = time.monotonic()
+        cached = self._descriptions.get(dirname)
+        if cached is None or now_s - cached[0] > 5.0:
+            cached = self._descriptions[dirname] = (now_s, self.load_namespace(dirname))
+        return cached[1]
 
     def write_namespace(self, namespace: Namespace, durable: bool) -> None:
         """Creates the namespace's directory and (re)writes its namespace.json atomically

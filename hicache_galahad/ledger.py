@@ -50,6 +50,27 @@ def _pid_alive(token: str) -> bool:
     return True
 
 
+def token_alive(procs_dir: str, token: str) -> bool:
+    """Whether the process holding store token `token` is alive: its lock file under
+    `procs_dir` is locked (a test that changes nothing on disk; works across pid namespaces).
+    Without a lock file, the pid in the token decides."""
+    try:
+        fd = os.open(
+            os.path.join(procs_dir, f"{token}.lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
+        )
+    except FileNotFoundError:
+        return _pid_alive(token)
+    except OSError:
+        return True  # cannot tell: assume alive (over-counting is the safe side)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return True  # held (or cannot tell): alive
+    finally:
+        os.close(fd)
+    return False
+
+
 class ProcessLock:
     """This process's liveness lock under <root>/procs, and the liveness test of others."""
 
@@ -69,22 +90,7 @@ class ProcessLock:
 
     def is_alive(self, token: str) -> bool:
         """True while the process that owns `token` holds its lock."""
-        if token == self.token:
-            return True
-        try:
-            fd = os.open(self._path(token), os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            # Its lock file is gone (deleted by hand?): judge by the pid in the token.
-            return _pid_alive(token)
-        except OSError:
-            return True  # cannot tell: assume alive (over-counting is the safe side)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            return True  # held (or cannot tell): alive
-        finally:
-            os.close(fd)
-        return False
+        return token == self.token or token_alive(self.directory, token)
 
     def forget(self, token: str) -> None:
         """Removes a dead process's lock file."""

@@ -35,7 +35,8 @@ from .crypto import load_master_key
 from .errors import ConfigError
 from .eviction import LruIndex
 from .layout import StoreLayout, is_record_name, record_filename, temp_is_stale
-from .ledger import Ledger, ProcessLock
+from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
+from .lifetime import CounterFile
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
 from .quarantine import Quarantine
@@ -140,12 +141,33 @@ class RecordStore:
             self._is_alive,
         )
         self._ledger.recount = self.checker.disk_bytes
+        self._counter_file = None
+        if not self.read_only:
+            self._counter_file = CounterFile(
+                self.root, self._process.token, self._is_alive, self._settings()
+            )
         self._namespaces: dict[str, Namespace] = {}
         self._described_s: dict[str, float] = {}
         self._ns_lock = threading.Lock()
         self._closed = False
         if not self.read_only:
             self._open_scan()
+
+    def _settings(self) -> dict:
+        options = self.options
+        return {
+            "pid": os.getpid(),
+            "max_bytes": options.max_bytes,
+            "min_free_bytes": options.min_free_bytes,
+            "compression": options.compression,
+            "encrypted": options.encryption_key_file is not None,
+            "digest": options.digest,
+            "durable": options.durable,
+        }
+
+    def _persist_counters(self, force: bool = False) -> None:
+        if self._counter_file is not None:
+            self._counter_file.maybe_flush(self.counters.snapshot, force)
 
     def _check_root(self) -> None:
         """The root is a real directory (created if missing) whose `ns` and `quarantine` are
@@ -195,7 +217,9 @@ class RecordStore:
         self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
 
     def _is_alive(self, token: str) -> bool:
-        return self._process is None or self._process.is_alive(token)
+        if self._process is not None:
+            return self._process.is_alive(token)
+        return token_alive(os.path.join(self.root, PROCS_DIR), token)
 
     def _remove_stale_temps(self) -> None:
         for entry in self.layout.temp_files(on_error=self._unreadable_dir):
@@ -329,6 +353,7 @@ class RecordStore:
                 if ok
             ]
         )
+        self._persist_counters()
         return results
 
     def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
@@ -423,7 +448,9 @@ class RecordStore:
         if len(keys) != len(datas) or self._closed or self.read_only:
             return [False] * len(keys)
         self._refresh_description(namespace)
-        return self.writer.put_many(namespace, keys, datas)
+        results = self.writer.put_many(namespace, keys, datas)
+        self._persist_counters()
+        return results
 
     # ----------------------------------------------------------------- deletion
 
@@ -473,10 +500,42 @@ class RecordStore:
             "indexed_records": len(self.index),
         }
 
-    def check(self, fix: bool = False, on_record=None) -> CheckReport:
-        """Verifies every record of every namespace under root. With fix: quarantines damaged
-        records, removes temp files of dead writers and corrects the ledger."""
-        return self.checker.check(fix=fix and not self.read_only, on_record=on_record)
+    def check(
+        self, fix: bool = False, on_record=None, dirnames=None, threads: int = 1
+    ) -> CheckReport:
+        """Verifies every record of every namespace under root (or of `dirnames`). With fix:
+        quarantines damaged records, removes temp files of dead writers and recounts the
+        ledger."""
+        return self.checker.check(
+            fix=fix and not self.read_only, on_record=on_record, dirnames=dirnames, threads=threads
+        )
+
+    def delete_file(self, dirname: str, filename: str) -> int | None:
+        """Deletes one record file of a namespace directory through the store (ledger and
+        index stay right); the bytes freed, or None if it was not there."""
+        if self.read_only:
+            return None
+        return self._unlink_record(dirname, filename)
+
+    def evict_to(self, max_bytes: int) -> tuple[int, int]:
+        """Evicts least recently used records (quarantined files first) until the ledger is
+        at most `max_bytes`; returns (files evicted, bytes freed)."""
+        evicted = freed = 0
+        self._index_records()
+        while not self.read_only and self._ledger.read() > max_bytes:
+            if self.quarantine_box.trim(keep_files=0, max_files=1):
+                evicted += 1
+                continue
+            victim = self.index.pop_oldest()
+            if victim is None:
+                break
+            size = self._unlink_record(*victim[0])
+            if size is not None:
+                evicted += 1
+                freed += size
+                self.counters.add("evictions")
+                self.counters.add("evicted_bytes", size)
+        return evicted, freed
 
     # ----------------------------------------------------------------- plumbing
 
@@ -502,6 +561,7 @@ class RecordStore:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        self._persist_counters(force=True)
         self._ledger.close()
         if self._process is not None:
             self._process.close()

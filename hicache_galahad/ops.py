@@ -1,0 +1,246 @@
+"""What the operator's commands compute, as data (cli.py prints it).
+
+Everything goes through a RecordStore: read-only commands open it read-only (nothing on disk
+changes, not even a modification time), and deletions go through the store so that the ledger
+and the eviction index stay right while servers use the same root.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import time
+from dataclasses import dataclass, field
+
+from . import format as fmt
+from .layout import FileEntry, record_filename
+from .lifetime import lifetime_totals, live_settings
+from .reader import open_record
+from .store import RecordStore
+
+DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+def parse_duration_s(text: str) -> float:
+    """'90s', '15m', '12h', '7d', '2w' (or a plain number of seconds)."""
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(text))
+    if not match:
+        raise ValueError(f"expected a duration such as 12h, 7d or 2w, got {text!r}")
+    return float(match.group(1)) * DURATION_UNITS_S[match.group(2) or "s"]
+
+
+# ----------------------------------------------------------------------------- stats
+
+
+@dataclass
+class NamespaceStats:
+    dirname: str
+    tenant: str | None
+    model_fingerprint: str | None
+    pool: str | None
+    records: int = 0
+    disk_bytes: int = 0
+    logical_bytes: int = 0
+    oldest_s: float | None = None
+    newest_s: float | None = None
+
+    @property
+    def compression_ratio(self) -> float | None:
+        return self.logical_bytes / self.disk_bytes if self.disk_bytes else None
+
+    def add(self, entry: FileEntry, raw_len: int | None) -> None:
+        self.records += 1
+        self.disk_bytes += entry.size_bytes
+        self.logical_bytes += raw_len if raw_len is not None else entry.size_bytes
+        mtime_s = entry.mtime_ns / 1e9
+        self.oldest_s = mtime_s if self.oldest_s is None else min(self.oldest_s, mtime_s)
+        self.newest_s = mtime_s if self.newest_s is None else max(self.newest_s, mtime_s)
+
+    def as_dict(self) -> dict:
+        return {
+            "namespace": self.dirname,
+            "tenant": self.tenant,
+            "model_fingerprint": self.model_fingerprint,
+            "pool": self.pool,
+            "records": self.records,
+            "disk_bytes": self.disk_bytes,
+            "logical_bytes": self.logical_bytes,
+            "compression_ratio": self.compression_ratio,
+            "oldest_record_s": self.oldest_s,
+            "newest_record_s": self.newest_s,
+        }
+
+
+def _raw_len(entry: FileEntry) -> int | None:
+    """The raw page size a record's header declares (its structural rules only)."""
+    try:
+        fd = open_record(entry.path)
+    except (OSError, fmt.FormatError):
+        return None
+    try:
+        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+        return fmt.parse_header(prefix, os.fstat(fd).st_size).raw_len
+    except (OSError, fmt.FormatError):
+        return None
+    finally:
+        os.close(fd)
+
+
+def namespace_stats(store: RecordStore, unreadable=None) -> list[NamespaceStats]:
+    found = []
+    for dirname in store.layout.namespace_dirnames(unreadable):
+        namespace = store.layout.load_namespace(dirname)
+        stats = NamespaceStats(
+            dirname,
+            namespace.tenant if namespace else None,
+            namespace.model_fingerprint if namespace else None,
+            namespace.pool if namespace else None,
+        )
+        for entry in store.layout.records([dirname], unreadable):
+            stats.add(entry, _raw_len(entry))
+        found.append(stats)
+    return found
+
+
+def stats_report(store: RecordStore) -> dict:
+    unreadable_dirs = []
+    namespaces = namespace_stats(store, lambda path, error: unreadable_dirs.append(path))
+    stat = os.statvfs(store.root)
+    settings = live_settings(store.root)
+    caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
+    floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
+    return {
+        "root": store.root,
+        "namespaces": [ns.as_dict() for ns in namespaces],
+        "unattributable_namespaces": [ns.dirname for ns in namespaces if ns.tenant is None],
+        "unreadable_dirs": unreadable_dirs,
+        "records": sum(ns.records for ns in namespaces),
+        "disk_bytes": sum(ns.disk_bytes for ns in namespaces),
+        "logical_bytes": sum(ns.logical_bytes for ns in namespaces),
+        "quarantined_files": len(store.quarantine_box.names()),
+        "budget": {
+            "max_bytes": min(caps) if caps else None,
+            "min_free_bytes": max(floors) if floors else None,
+            "ledger_bytes": store.usage_bytes(),
+            "filesystem_free_bytes": stat.f_bavail * stat.f_frsize,
+            "filesystem_bytes": stat.f_blocks * stat.f_frsize,
+            "servers": settings,
+        },
+        "lifetime_counters": lifetime_totals(store.root),
+    }
+
+
+# ----------------------------------------------------------------------------- purge
+
+
+@dataclass
+class PurgeReport:
+    removed_records: int = 0
+    removed_bytes: int = 0
+    namespaces: list = field(default_factory=list)
+    unattributable_namespaces: list = field(default_factory=list)
+    dry_run: bool = False
+
+    def as_dict(self) -> dict:
+        return {
+            "removed_records": self.removed_records,
+            "removed_bytes": self.removed_bytes,
+            "namespaces": self.namespaces,
+            "unattributable_namespaces": self.unattributable_namespaces,
+            "dry_run": self.dry_run,
+        }
+
+
+def purge(
+    store: RecordStore,
+    *,
+    tenant: str | None = None,
+    model_fingerprint: str | None = None,
+    older_than_s: float | None = None,
+    dry_run: bool = False,
+) -> PurgeReport:
+    """Removes the records matching every given filter. A namespace whose description is
+    missing cannot be attributed to a tenant or model: it is reported, never touched, when
+    one of those filters is given."""
+    report = PurgeReport(dry_run=dry_run)
+    cutoff_ns = None if older_than_s is None else (time.time() - older_than_s) * 1e9
+    for dirname in store.layout.namespace_dirnames():
+        namespace = store.layout.load_namespace(dirname)
+        if tenant is not None or model_fingerprint is not None:
+            if namespace is None:
+                report.unattributable_namespaces.append(dirname)
+                continue
+            if tenant is not None and namespace.tenant != tenant:
+                continue
+            if model_fingerprint is not None and namespace.model_fingerprint != model_fingerprint:
+                continue
+        removed = 0
+        for entry in store.layout.records([dirname]):
+            if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
+                continue
+            freed = entry.accounted_bytes if dry_run else store.delete_file(dirname, entry.name)
+            if freed is not None:
+                removed += 1
+                report.removed_bytes += freed
+        if removed:
+            report.removed_records += removed
+            report.namespaces.append(dirname)
+    return report
+
+
+# ----------------------------------------------------------------------------- inspect
+
+_FLAG_NAMES = {fmt.FLAG_ZSTD: "zstd", fmt.FLAG_AES256_GCM: "aes-256-gcm"}
+
+
+def find_record(store: RecordStore, target: str) -> str | None:
+    """A record file named by its path, or found by its key in any namespace."""
+    if os.path.sep in target or target.endswith(".rec"):
+        return target if os.path.lexists(target) else None
+    filename = record_filename(target)
+    for dirname in store.layout.namespace_dirnames():
+        path = os.path.join(store.layout.namespace_dir(dirname), filename)
+        if os.path.lexists(path):
+            return path
+    return None
+
+
+def inspect_record(store: RecordStore, path: str) -> dict:
+    """One record's header in words, and whether it passes every rule for this reader."""
+    path = os.path.abspath(path)
+    dirname = os.path.basename(os.path.dirname(path))
+    info = {"path": path, "size_bytes": os.lstat(path).st_size}
+    entry = next(
+        (e for e in store.layout.records([dirname]) if e.path == path),
+        None,
+    )
+    try:
+        fd = open_record(path)
+        try:
+            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+            header = fmt.parse_header(prefix, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+    except fmt.FormatError as error:
+        return info | {"valid": False, "problem": f"{error.rule}: {error}"}
+    namespace = store.layout.load_namespace(dirname)
+    info |= {
+        "format_version": fmt.FORMAT_VERSION,
+        "key": header.key.decode("utf-8", "replace"),
+        "flags": [name for bit, name in _FLAG_NAMES.items() if header.flags & bit] or ["plain"],
+        "header_bytes": header.header_len,
+        "payload_bytes": header.payload_len,
+        "page_bytes": header.raw_len,
+        "digest": fmt.DIGEST_NAMES[header.digest_alg],
+        "namespace_digest": header.namespace.hex(),
+        "namespace": namespace.describe() if namespace else None,
+        "modified_s": os.lstat(path).st_mtime,
+    }
+    if entry is None:
+        return info | {"valid": False, "problem": "not in a namespace directory of this root"}
+    try:
+        store.reader.verify_file(entry, namespace)
+    except (fmt.FormatError, OSError) as error:
+        rule = getattr(error, "rule", "I/O")
+        return info | {"valid": False, "problem": f"{rule}: {error}"}
+    return info | {"valid": True, "problem": None}
