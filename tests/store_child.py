@@ -149,47 +149,50 @@ def _open_measure(args) -> None:
     )
 
 
+REQUIRED = object()
+# Each role: its function and its options after the store root, as (type, default).
+ROLES = {
+    "crash-writer": (
+        _crash_writer,
+        {"seed": (int, REQUIRED), "keys": (int, 160), "max-bytes": (int, None)},
+    ),
+    "budget-writer": (
+        _budget_writer,
+        {
+            "prefix": (str, REQUIRED),
+            "max-bytes": (int, REQUIRED),
+            "size": (int, REQUIRED),
+            "per-round": (int, REQUIRED),
+        },
+    ),
+    "mixed-writer": (
+        _mixed_writer,
+        {
+            "prefix": (str, REQUIRED),
+            "shared": (int, REQUIRED),
+            "own": (int, REQUIRED),
+            "size": (int, REQUIRED),
+            "go-file": (str, REQUIRED),
+            "durable": (int, 1),
+        },
+    ),
+    "reader": (_reader, {"items": (str, REQUIRED), "key-file": (str, "")}),
+    "open-measure": (_open_measure, {"probe-key": (str, REQUIRED), "probe-size": (int, REQUIRED)}),
+}
+
+
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     roles = parser.add_subparsers(dest="role", required=True)
-
-    crash = roles.add_parser("crash-writer")
-    crash.add_argument("root")
-    crash.add_argument("--seed", type=int, required=True)
-    crash.add_argument("--keys", type=int, default=160)
-    crash.add_argument("--max-bytes", type=int, default=None)
-    crash.set_defaults(run=_crash_writer)
-
-    budget = roles.add_parser("budget-writer")
-    budget.add_argument("root")
-    budget.add_argument("--prefix", required=True)
-    budget.add_argument("--max-bytes", type=int, required=True)
-    budget.add_argument("--size", type=int, required=True)
-    budget.add_argument("--per-round", type=int, required=True)
-    budget.set_defaults(run=_budget_writer)
-
-    mixed = roles.add_parser("mixed-writer")
-    mixed.add_argument("root")
-    mixed.add_argument("--prefix", required=True)
-    mixed.add_argument("--shared", type=int, required=True)
-    mixed.add_argument("--own", type=int, required=True)
-    mixed.add_argument("--size", type=int, required=True)
-    mixed.add_argument("--go-file", required=True)
-    mixed.add_argument("--durable", type=int, default=1)
-    mixed.set_defaults(run=_mixed_writer)
-
-    reader = roles.add_parser("reader")
-    reader.add_argument("root")
-    reader.add_argument("--items", required=True)
-    reader.add_argument("--key-file", default="")
-    reader.set_defaults(run=_reader)
-
-    measure = roles.add_parser("open-measure")
-    measure.add_argument("root")
-    measure.add_argument("--probe-key", required=True)
-    measure.add_argument("--probe-size", type=int, required=True)
-    measure.set_defaults(run=_open_measure)
-
+    for name, (run, options) in ROLES.items():
+        role = roles.add_parser(name)
+        role.add_argument("root")
+        for option, (kind, default) in options.items():
+            if default is REQUIRED:
+                role.add_argument(f"--{option}", type=kind, required=True)
+            else:
+                role.add_argument(f"--{option}", type=kind, default=default)
+        role.set_defaults(run=run)
     args = parser.parse_args(argv)
     args.run(args)
 

@@ -10,12 +10,8 @@ from __future__ import annotations
 
 import importlib.util
 
+import e2e_support as e2e
 import pytest
-
-try:  # tests/ as a plain directory (pytest's default rootdir-relative import) or as a package
-    import e2e_support as e2e
-except ImportError:  # pragma: no cover
-    from tests import e2e_support as e2e
 
 pytestmark = [
     pytest.mark.e2e,
@@ -30,21 +26,11 @@ MAX_NEW_TOKENS = 4
 LAYOUTS = ["layer_first", "page_first_direct"]
 
 
-@pytest.fixture(scope="session")
-def tiny_model():
-    return e2e.ensure_model("llama", "tiny")
-
-
 def _assert_storage_round_trip(first, second):
-    assert first.cached_tokens == 0, first.meta_info
-    assert second.cached_tokens == EXPECTED_STORAGE_HIT, second.meta_info
-    details = second.cache_details
-    assert details["storage"] == EXPECTED_STORAGE_HIT, details
-    assert details["device"] == 0 and details["host"] == 0, details
-    assert details["storage_backend"] == "HiCacheFile", details
+    e2e.assert_cached(first)
+    e2e.assert_cached(second, storage=EXPECTED_STORAGE_HIT, backend="HiCacheFile")
     assert len(first.output_ids) == MAX_NEW_TOKENS
-    assert second.output_ids == first.output_ids
-    assert second.output_logprobs == first.output_logprobs  # bit-identical
+    e2e.assert_same_output(second, first)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
@@ -80,9 +66,5 @@ def test_engine_in_process_file_backend_storage_hit(tiny_model, tmp_path):
         "--max-new-tokens", str(MAX_NEW_TOKENS),
     )  # fmt: skip
     assert result["flush_success"], result
-
-    def as_result(r: dict) -> e2e.GenerateResult:
-        meta = {k: r[k] for k in ("cached_tokens", "cached_tokens_details")}
-        return e2e.GenerateResult(r["output_ids"], r["output_logprobs"], meta, "", r)
-
-    _assert_storage_round_trip(as_result(result["first"]), as_result(result["second"]))
+    first, second = (e2e.GenerateResult.from_record(result[run]) for run in ("first", "second"))
+    _assert_storage_round_trip(first, second)
