@@ -1,5 +1,6 @@
-"""Tiny transformers hybrid models, their cache <-> SGLang host pool mapping, and the restore side
-of tests/test_hybrid_exactness.py (run as a script: the "fresh process").
+"""Tiny transformers hybrid models and their cache <-> SGLang host pool mapping, shared by
+tests/test_hybrid_exactness.py (the live side) and tests/hybrid_restore.py (the restore side, run
+as a fresh process). Import-only.
 
 Models are transformers' pure-torch implementations, random-init from local configs (nothing is
 downloaded), float32 on CPU, seeded. In transformers 5.19 every model keeps its whole state in a
@@ -30,43 +31,25 @@ built (see `NoKVPoolHost`); its page keys go to a stand-in KV pool whose pages a
 
 from __future__ import annotations
 
-import argparse
+import contextlib
 import hashlib
-import json
-import os
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-if REPO_ROOT not in sys.path:  # when run as a script
-    sys.path.insert(0, REPO_ROOT)
-
-import transformers as tf  # noqa: E402
-from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo  # noqa: E402
-from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
-    HiCacheStorageConfig,
-    PoolHitPolicy,
-    PoolName,
-    PoolTransfer,
-)
-from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost  # noqa: E402
-from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
-from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
-from transformers import DynamicCache  # noqa: E402
-from transformers.cache_utils import (  # noqa: E402
+import transformers as tf
+from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
+from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
+from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
+from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
+from sglang_pools import create_galahad, mha_pool
+from transformers import DynamicCache
+from transformers.cache_utils import (
     DynamicLayer,
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionLayer,
 )
 
-from checkpoint import CheckpointGrid, restorable_boundary  # noqa: E402
-
-PYTHON = sys.executable
-HELPER = os.path.abspath(__file__)
 VOCAB = 100
 NUM_DECODE = 3
 DTYPE = torch.float32
@@ -337,20 +320,15 @@ def kv_pool(layout: StateLayout, page_size: int, tokens: int = 256):
     layers = len(layout.attention_layers)
     if layers == 0:
         return NoKVPoolHost(page_size)
-    device = MHATokenToKVPool(
-        tokens, page_size, DTYPE, layout.kv_heads, layout.head_dim, layers, "cpu", False,
-        start_layer=0, end_layer=layers - 1,
-    )  # fmt: skip
-    return MHATokenToKVPoolHost(
-        device.get_device_pool_infos()[0].buffer_info,
-        2.0,
-        0,
-        page_size,
+    return mha_pool(
         LAYOUT,
-        pin_memory=False,
-        device_capacity_tokens=device.size,
-        start_layer=device.start_layer,
-        end_layer=device.end_layer,
+        DTYPE,
+        page_size=page_size,
+        tokens=tokens,
+        heads=layout.kv_heads,
+        head_dim=layout.head_dim,
+        layers=layers,
+        seed=None,
     )
 
 
@@ -453,30 +431,11 @@ def build_cache(
 # ----------------------------------------------------------------------------- store
 
 
-def page_keys(token_ids: list[int], page_size: int) -> list[str]:
-    """SGLang's page-hash chain (mem_cache/utils.py get_hash_str): sha256 over the prior raw
-    digest and the page's tokens as uint32 little-endian; full pages only."""
-    prior, keys = b"", []
-    for start in range(0, len(token_ids) - len(token_ids) % page_size, page_size):
-        page = token_ids[start : start + page_size]
-        digest = hashlib.sha256(prior + b"".join(t.to_bytes(4, "little") for t in page)).digest()
-        keys.append(digest.hex())
-        prior = digest
-    return keys
-
-
 def open_store(root: str, name: str, kv, mamba):
     """GalahadStorage from SGLang's dynamic factory, pools registered as a hybrid server does."""
-    config = HiCacheStorageConfig(
-        tp_rank=0, tp_size=1, pp_rank=0, pp_size=1, attn_cp_rank=0, attn_cp_size=1,
-        is_mla_model=False, enable_storage_metrics=False, is_page_first_layout=True,
-        model_name=f"tiny-{name}",
-        extra_config={
-            "backend_name": "galahad", "module_path": "hicache_galahad",
-            "class_name": "GalahadStorage", "root": root, "model_fingerprint": fingerprint(name),
-        },
-    )  # fmt: skip
-    backend = StorageBackendFactory.create_backend("dynamic", config, None)
+    backend = create_galahad(
+        root, fingerprint=fingerprint(name), config={"model_name": f"tiny-{name}"}
+    )
     # HybridCacheController.attach_storage_backend: the anchor (KV) pool, then every entry of
     # the host pool group through v2, then the end of the burst.
     backend.register_mem_pool_host(kv)
@@ -485,6 +444,23 @@ def open_store(root: str, name: str, kv, mamba):
         backend.register_mem_host_pool_v2(mamba, PoolName.MAMBA)
     backend.on_host_pools_registered()
     return backend
+
+
+@contextlib.contextmanager
+def pools_and_store(root: str, name: str, layout: StateLayout, page_size: int, scribbled=False):
+    """(kv, mamba or None, backend): the host pools of one page size and a store over them,
+    closed at exit. `scribbled`: the pools hold NaN bytes first (see `scribble`)."""
+    kv = kv_pool(layout, page_size)
+    mamba = mamba_pool(layout) if layout.has_recurrent_state else None
+    if scribbled:
+        for pool in (kv, mamba):
+            if pool is not None:
+                scribble(pool)
+    backend = open_store(root, name, kv, mamba)
+    try:
+        yield kv, mamba, backend
+    finally:
+        backend.close()
 
 
 def kv_transfer(keys: list[str], slots: torch.Tensor) -> PoolTransfer:
@@ -506,132 +482,3 @@ def exists(backend, keys: list[str], with_state: bool):
     TRAILING_PAGES key for the Mamba pool."""
     transfers = [state_transfer(MAMBA_PLACEHOLDER)] if with_state else []
     return backend.batch_exists_v2(keys, transfers)
-
-
-# ----------------------------------------------------------------------------- restore (child)
-
-
-def _check_all(results: dict, expected: dict) -> None:
-    for pool, count in expected.items():
-        assert results.get(pool) == [True] * count, (pool, results)
-
-
-def restore_case(model, layout, backend, kv, mamba, case: dict) -> dict:
-    """The fresh-process side of one case: boundary from the store, restore, compute, decode."""
-    page, interval = case["page_size"], case["interval"]
-    tokens, num_tokens = case["tokens"], len(case["tokens"])
-    keys = page_keys(tokens, page)
-    query = keys[: (num_tokens - 1) // page]  # SGLang's strict prefix: the N - 1 cap, paged
-    answer = exists(backend, query, layout.has_recurrent_state)
-    restorable = list(answer.restorable_prefix_pages)
-    grid = CheckpointGrid(page_size_tokens=page, interval_tokens=interval)
-    boundary = restorable_boundary(
-        num_tokens, grid, max(restorable, default=0), {length - 1 for length in restorable}
-    )
-    result = {
-        "boundary": boundary,
-        "query_pages": len(query),
-        "kv_hit_pages": answer.kv_hit_pages,
-        "restorable_prefix_pages": restorable,
-    }
-
-    states, kv_pages = None, []
-    if boundary:
-        boundary_pages = boundary // page
-        slots = kv.alloc(boundary)
-        transfers = [kv_transfer(query[:boundary_pages], slots)]
-        slot = None
-        if layout.has_recurrent_state:
-            slot = int(mamba.alloc(1)[0])
-            # _sync_trailing_keys: the state key is the last page of the actual hit.
-            transfers.append(state_transfer(query[boundary_pages - 1], slot))
-        got = backend.batch_get_v2(transfers)
-        _check_all(got, {"kv": boundary_pages} | ({"mamba": 1} if slot is not None else {}))
-        kv_pages = kv_from_pool(layout, kv, slots)
-        states = state_from_pool(layout, mamba, slot) if slot is not None else None
-        kv.free(slots)
-        if slot is not None:
-            mamba.free(torch.tensor([slot]))
-    cache = build_cache(model, layout, kv_pages, boundary, states)
-    logits = [forward(model, tokens[boundary:], cache)]
-    generated = []
-    for _ in range(NUM_DECODE):
-        generated.append(int(logits[-1][-1].argmax()))
-        logits.append(forward(model, [generated[-1]], cache))
-    result |= {"logits": logits, "generated": generated}
-
-    if num_tokens % page == 0:
-        result["negative"] = _buggy_full_prompt_restore(model, layout, backend, kv, mamba, case)
-    return result
-
-
-def _buggy_full_prompt_restore(model, layout, backend, kv, mamba, case: dict) -> dict:
-    """What the buggy integration did: restore the full-prompt checkpoint (state at N, under the
-    last page's key) while crediting N - 1 tokens, so token N - 1 is computed a second time on
-    top of a state that already includes it. Decode is teacher-forced with the live tokens."""
-    page, tokens = case["page_size"], case["tokens"]
-    num_tokens = len(tokens)
-    keys = page_keys(tokens, page)
-    # The state at N is in the store: a query over all N / P pages (which SGLang never makes
-    # for an N-token prompt) reaches it.
-    full = exists(backend, keys, layout.has_recurrent_state)
-    slots = kv.alloc(num_tokens)
-    transfers = [kv_transfer(keys, slots)]
-    slot = None
-    if layout.has_recurrent_state:
-        slot = int(mamba.alloc(1)[0])
-        transfers.append(state_transfer(keys[-1], slot))
-    got = backend.batch_get_v2(transfers)
-    _check_all(got, {"kv": len(keys)} | ({"mamba": 1} if slot is not None else {}))
-    states = state_from_pool(layout, mamba, slot) if slot is not None else None
-    cache = build_cache(model, layout, kv_from_pool(layout, kv, slots), num_tokens - 1, states)
-    kv.free(slots)
-    if slot is not None:
-        mamba.free(torch.tensor([slot]))
-    logits = [forward(model, tokens[num_tokens - 1 :], cache)]
-    for token in case["live_generated"]:
-        logits.append(forward(model, [token], cache))
-    return {
-        "full_kv_hit_pages": full.kv_hit_pages,
-        "full_restorable_prefix_pages": list(full.restorable_prefix_pages),
-        "logits": logits,
-    }
-
-
-def restore_all(manifest: dict) -> dict:
-    """Every case of the manifest, grouped by model and page size (one store instance each)."""
-    results = {}
-    for name, model_cases in manifest["models"].items():
-        model = build_model(name)
-        assert weights_digest(model) == model_cases["weights"], f"{name}: weights differ"
-        layout = probe_layout(model)
-        for page_size in sorted({case["page_size"] for case in model_cases["cases"]}):
-            kv = kv_pool(layout, page_size)
-            mamba = mamba_pool(layout) if layout.has_recurrent_state else None
-            for pool in (kv, mamba):
-                if pool is not None:
-                    scribble(pool)
-            backend = open_store(manifest["root"], name, kv, mamba)
-            try:
-                for case in model_cases["cases"]:
-                    if case["page_size"] == page_size:
-                        results[case["id"]] = restore_case(model, layout, backend, kv, mamba, case)
-            finally:
-                backend.close()
-    return results
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("manifest", help="JSON written by the test")
-    parser.add_argument("output", help="torch.save file of the restored runs")
-    args = parser.parse_args(argv)
-    torch.set_num_threads(1)
-    with open(args.manifest) as handle:
-        manifest = json.load(handle)
-    torch.save(restore_all(manifest), args.output)
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -314,9 +314,18 @@ def sglang_storage():
 
 def hicache_file_exists_v2(storage, num_keys, num_kv_pages, states, num_trailing_keys):
     """Run SGLang's own HiCacheFile.batch_exists_v2 over files laid out on disk."""
-    from sglang_pools import storage_config  # SGLang is there: the fixture did not skip
-
-    config = storage_config(None, model_name="checkpoint-test")
+    config = storage.HiCacheStorageConfig(
+        tp_rank=0,
+        tp_size=1,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=False,
+        enable_storage_metrics=False,
+        is_page_first_layout=True,
+        model_name="checkpoint-test",
+    )
     with tempfile.TemporaryDirectory() as directory:
         backend = storage.HiCacheFile(config, file_path=directory)
         keys = [f"{index:064x}" for index in range(num_keys)]

@@ -12,11 +12,12 @@ boundary matrix {kC - 1, kC, kC + 1 : k = 1, 2, 3}:
    page-aligned N the full-prompt state at N. Pages go under SGLang's chained page keys with
    batch_set_v2 (PoolName.KV), each state under the key of the last page it covers
    (PoolName.MAMBA, TRAILING_PAGES).
-3. Restore, in a fresh process: the store is opened through the factory again; batch_exists_v2
-   over the strict prefix SGLang queries (floor((N - 1) / P) pages, one placeholder Mamba key)
-   gives the restorable prefixes, intersected with the checkpoint grid by
-   checkpoint.restorable_boundary; KV and state are read with batch_get_v2 into scribbled host
-   slots, rebuilt into a fresh DynamicCache(config=model.config), and [B, N) plus decode run.
+3. Restore, in a fresh process (tests/hybrid_restore.py): the store is opened through the
+   factory again; batch_exists_v2 over the strict prefix SGLang queries (floor((N - 1) / P)
+   pages, one placeholder Mamba key) gives the restorable prefixes, intersected with the
+   checkpoint grid by checkpoint.restorable_boundary; KV and state are read with batch_get_v2
+   into scribbled host slots, rebuilt into a fresh DynamicCache(config=model.config), and
+   [B, N) plus decode run.
 4. The restored logits are torch.equal to the live ones at every step and B = C*floor((N-1)/C).
 5. Negative control (N = kC): restoring the state at N while crediting N - 1 tokens (the
    buggy integration) feeds token N - 1 through the recurrence twice and the logits diverge; the
@@ -31,11 +32,20 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import sys
 import time
+from pathlib import Path
 
 import hybrid_models as hm
 import pytest
 import torch
+from records import page_keys
+
+# The live runs and the restore process run real (tiny) models: about a minute on 2 cores.
+pytestmark = pytest.mark.slow
+
+TESTS_DIR = Path(__file__).resolve().parent
+RESTORE_SCRIPT = TESTS_DIR / "hybrid_restore.py"
 
 MATRIX_K = (1, 2, 3)
 ALL_GRIDS = ((4, 8), (4, 16), (8, 16), (8, 32))  # (P, C): P in {4, 8}, C in {2P, 4P}
@@ -84,7 +94,7 @@ def live_case(model, layout, backend, kv, mamba, case: dict) -> dict:
     page, interval, tokens = case["page_size"], case["interval"], case["tokens"]
     num_tokens = len(tokens)
     boundary = expected_boundary(num_tokens, interval)
-    keys = hm.page_keys(tokens, page)
+    keys = page_keys(tokens, page)
     slots = kv.alloc(len(keys) * page)
     state_slots = []
     cache = hm.fresh_cache(model)
@@ -152,15 +162,10 @@ def live_model(name: str, root: str) -> tuple[dict, dict]:
                 {"id": case_id, "page_size": page, "interval": interval, "tokens": tokens}
             )
     for page in sorted({page for page, _ in GRIDS[name]}):
-        kv = hm.kv_pool(layout, page)
-        mamba = hm.mamba_pool(layout) if layout.has_recurrent_state else None
-        backend = hm.open_store(root, name, kv, mamba)
-        try:
+        with hm.pools_and_store(root, name, layout, page) as (kv, mamba, backend):
             for case in entry["cases"]:
                 if case["page_size"] == page:
                     live[case["id"]] = live_case(model, layout, backend, kv, mamba, case)
-        finally:
-            backend.close()
     return entry, live
 
 
@@ -188,10 +193,10 @@ def runs(request, tmp_path_factory):
     output_path = os.path.join(root, "restored.pt")
     with open(manifest_path, "w") as handle:
         json.dump(manifest, handle)
-    env = dict(os.environ, PYTHONPATH=hm.REPO_ROOT)
+    env = dict(os.environ, PYTHONPATH=str(TESTS_DIR.parent))
     start = time.perf_counter()
     child = subprocess.run(
-        [hm.PYTHON, hm.HELPER, manifest_path, output_path],
+        [sys.executable, str(RESTORE_SCRIPT), manifest_path, output_path],
         env=env,
         capture_output=True,
         text=True,
