@@ -25,6 +25,7 @@ from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_h
 
 from .binding import KV, Binder, server_args
 from .config import parse_options
+from .exporter import Exporter
 from .fingerprint import resolve_fingerprint
 from .metrics import Counters, RateLimitedLog
 from .store import RecordStore
@@ -97,6 +98,7 @@ def _never_raise(fallback):
                     return method(self, *args, **kwargs)
             except Exception as error:
                 self.counters.add("unexpected_errors")
+                self.counters.add("adapter_errors")
                 self._warn.warning(
                     method.__name__,
                     "galahad: %s failed (%r); reporting a miss",
@@ -127,6 +129,12 @@ class GalahadStorage(HiCacheStorage):
             self.model_name if os.path.isdir(self.model_name) or not model_path else model_path,
         )
         self.store = RecordStore(self.options.store)
+        self.counters = self.store.counters  # one set of counters: persisted and exported
+        self.exporter = (
+            Exporter(self.options.tenant)
+            if getattr(storage_config, "enable_storage_metrics", False)
+            else None
+        )
         self.binder = Binder(
             self.store,
             tenant=self.options.tenant,
@@ -273,6 +281,7 @@ class GalahadStorage(HiCacheStorage):
                 )
             except Exception as error:  # one pool's failure never fails the others
                 self.counters.add("unexpected_errors")
+                self.counters.add("adapter_errors")
                 self._warn.warning(
                     "transfer", "galahad: %s transfer failed: %r", name, error, exc_info=True
                 )
@@ -289,10 +298,13 @@ class GalahadStorage(HiCacheStorage):
             self.store.clear_namespace(binding.namespace)
 
     def _record_batch(self, direction: str, results, page_bytes: int, start_s: float) -> None:
-        pages = sum(1 for ok in results if ok)
-        if not pages or not getattr(self.storage_config, "enable_storage_metrics", False):
+        if self.exporter is None:
             return
         elapsed_s = max(time.perf_counter() - start_s, 1e-9)
+        self.exporter.observe_batch(direction, elapsed_s)
+        pages = sum(1 for ok in results if ok)
+        if not pages:
+            return
         with self._stats_lock:
             page_counts, gbps = self._batches[direction]
             page_counts.append(pages)
@@ -302,6 +314,8 @@ class GalahadStorage(HiCacheStorage):
     def get_stats(self):
         from sglang.srt.observability.metrics_collector import StorageMetrics
 
+        if self.exporter is not None:
+            self.exporter.sync(self.store.counters.snapshot())
         with self._stats_lock:
             (prefetch_pages, prefetch_gbps), (backup_pages, backup_gbps) = (
                 self._batches["prefetch"],
@@ -316,10 +330,8 @@ class GalahadStorage(HiCacheStorage):
         )
 
     def stats(self) -> dict:
-        """The store's counters plus this adapter's caught-exception count."""
-        return self.store.stats() | {
-            "adapter_errors": self.counters.snapshot().get("unexpected_errors", 0)
-        }
+        """The store's counters, including this adapter's caught exceptions (adapter_errors)."""
+        return {"adapter_errors": 0} | self.store.stats()
 
     def close(self) -> None:
         self._closed = True

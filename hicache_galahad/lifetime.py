@@ -20,7 +20,7 @@ from collections.abc import Callable
 
 STATS_DIR = "stats"
 LIFETIME_FILE = "lifetime.json"
-FLUSH_INTERVAL_S = 10.0
+FLUSH_INTERVAL_S = 2.0
 
 
 def _read(path: str) -> dict:
