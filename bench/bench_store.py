@@ -148,7 +148,7 @@ def main() -> None:
         "no digest": {"digest": "none", "allow_unverified": True},
         "zstd": {"compression": "zstd"},
         "aes-gcm": {"encryption_key_file": key_file},
-        "digest, no fsync": {"durable": False},
+        "digest, no fsync": {"durability": "none"},
     }
     print(f"# bench_store on {machine()}")
     try:

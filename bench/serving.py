@@ -41,16 +41,26 @@ def galahad_config(root: Path, **options) -> dict:
     }
 
 
-def server_args(storage: str, root: Path | None, *, page_size: int, max_tokens: int) -> list[str]:
+def server_args(
+    storage: str,
+    root: Path | None,
+    *,
+    page_size: int,
+    max_tokens: int,
+    chunked_prefill: int | None = None,
+    galahad_options: dict | None = None,
+) -> list[str]:
     """Flags for storage in {"none", "file", "galahad"}; every mode keeps the same page size and
-    memory so that only the L3 tier differs."""
+    memory so that only the L3 tier differs. `chunked_prefill` defaults to `max_tokens`;
+    `galahad_options` go into GalahadStorage's extra config (e.g. {"interface_v1": 0})."""
     common = ["--max-total-tokens", str(max_tokens), "--skip-server-warmup"]
-    common += ["--page-size", str(page_size), "--chunked-prefill-size", str(max_tokens)]
+    common += ["--page-size", str(page_size)]
+    common += ["--chunked-prefill-size", str(chunked_prefill or max_tokens)]
     if storage == "none":
         return common
     extra = {"prefetch_threshold": page_size}
     if storage == "galahad":
-        extra = galahad_config(root) | extra
+        extra = galahad_config(root, **(galahad_options or {})) | extra
         backend = "dynamic"
     else:
         extra["file_storage_path"] = str(root)

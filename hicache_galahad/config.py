@@ -30,6 +30,7 @@ SGLANG_KEYS = frozenset(
 )
 
 COMPRESSIONS = ("none", "zstd")
+DURABILITIES = ("deferred", "fsync", "none")
 DIGESTS = ("xxh3_128", "sha256", "none")
 MAX_LEDGER_BYTES = (1 << 63) - 1
 MAX_NAME_BYTES = 256
@@ -117,7 +118,12 @@ class StoreOptions:
         sealed with a per-tenant key, and plaintext records are refused on read.
     digest: "xxh3_128" (default) or "sha256" for unencrypted records; "none" only together
         with allow_unverified=True (benchmarks).
-    durable: fsync files and directories before a put reports success.
+    durability: "deferred" (default): a put returns once its record is published (temp file,
+        then link: a crash leaves nothing damaged), and a background flusher makes published
+        records durable within flush_interval_s; "fsync": records and directories are
+        fsynced before a put returns; "none": never fsynced (tests and benchmarks). A power
+        loss can lose at most the records of the last flush window, never serve a wrong
+        byte (every read is verified).
     read_only: never create, delete, move or re-account anything (operators' commands).
     """
 
@@ -129,7 +135,8 @@ class StoreOptions:
     encryption_key_file: str | None = None
     digest: str = "xxh3_128"
     allow_unverified: bool = False
-    durable: bool = True
+    durability: str = "deferred"
+    flush_interval_s: float = 1.0
     io_threads: int = 8
     read_only: bool = False
 
@@ -153,7 +160,16 @@ class StoreOptions:
         _choice("digest", self.digest, DIGESTS)
         if self.digest == "none" and not self.allow_unverified and not self.encryption_key_file:
             _fail("digest", self.digest, "'xxh3_128' or 'sha256' ('none' needs allow_unverified)")
+        _choice("durability", self.durability, DURABILITIES)
+        set_(
+            self, "flush_interval_s", _number("flush_interval_s", self.flush_interval_s, 0.01, 3600)
+        )
         _integer("io_threads", self.io_threads, 1, 256)
+
+    @property
+    def durable(self) -> bool:
+        """Whether records are ever made durable (fsync or deferred)."""
+        return self.durability != "none"
 
 
 @dataclass(frozen=True)
@@ -178,6 +194,8 @@ _STORE_KEYS = (
     "compression",
     "zstd_level",
     "encryption_key_file",
+    "durability",
+    "flush_interval_s",
     "io_threads",
 )
 _NULLABLE_KEYS = frozenset({"max_bytes", "encryption_key_file"})

@@ -34,6 +34,7 @@ from .config import StoreOptions
 from .crypto import load_master_key
 from .errors import ConfigError
 from .eviction import LruIndex
+from .flusher import Flusher
 from .layout import StoreLayout, is_record_name, record_filename, temp_is_stale
 from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
 from .lifetime import CounterFile
@@ -117,6 +118,11 @@ class RecordStore:
             on_event=self.counters.add,
         )
         self.reader = RecordReader(self.layout, self.codec, read_only=self.read_only)
+        self.flusher = (
+            Flusher(options.flush_interval_s, self.counters)
+            if options.durability == "deferred" and not self.read_only
+            else None
+        )
         self._io_threads = options.io_threads
         self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="galahad-io")
         self.writer = RecordWriter(
@@ -130,7 +136,8 @@ class RecordStore:
             self._warn,
             self._parallel,
             writer_token=self._process.token if self._process else "readonly",
-            durable=options.durable,
+            durability=options.durability,
+            flusher=self.flusher,
         )
         self.checker = Checker(
             self.layout,
@@ -162,7 +169,7 @@ class RecordStore:
             "compression": options.compression,
             "encrypted": options.encryption_key_file is not None,
             "digest": options.digest,
-            "durable": options.durable,
+            "durability": options.durability,
         }
 
     def _persist_counters(self, force: bool = False) -> None:
@@ -561,6 +568,8 @@ class RecordStore:
             return
         self._closed = True
         self._pool.shutdown(wait=True)
+        if self.flusher is not None:
+            self.flusher.close()
         self._persist_counters(force=True)
         self._ledger.close()
         if self._process is not None:

@@ -88,7 +88,8 @@ class RecordWriter:
         parallel,
         *,
         writer_token: str,
-        durable: bool,
+        durability: str,
+        flusher=None,
     ):
         self.layout = layout
         self.codec = codec
@@ -100,7 +101,8 @@ class RecordWriter:
         self.warn = warn
         self.parallel = parallel
         self.writer_token = writer_token
-        self.durable = durable
+        self.sync_each_batch = durability == "fsync"
+        self.flusher = flusher  # deferred durability: published records are flushed later
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
         results: list[bool] = []
@@ -114,13 +116,23 @@ class RecordWriter:
                 len(batch_keys),
             )
             pending = [item for item in staged if isinstance(item, _Staged)]
-            if self.durable:
+            if self.sync_each_batch:
                 self.parallel(lambda index, items=pending: items[index].sync(), len(pending))
-            results += [
+            published = [
                 self._guarded(self._publish, item) if isinstance(item, _Staged) else item
                 for item in staged
             ]
-        if self.durable and any(results) and not self._sync_dir(namespace):
+            if self.flusher is not None:
+                self.flusher.add(
+                    self.layout.namespace_dir(namespace.dirname),
+                    [
+                        record_filename(key)
+                        for key, ok in zip(batch_keys, published, strict=True)
+                        if ok
+                    ],
+                )
+            results += published
+        if self.sync_each_batch and any(results) and not self._sync_dir(namespace):
             results = [False] * len(keys)
         self.counters.add("puts_failed", results.count(False))
         self.index.touch_many_head_last(

@@ -25,10 +25,9 @@ def _crash_writer(args) -> None:
     """Writes the crash key space forever (until SIGKILLed), through a plain and a zstd store
     on one root, with put_many, put and delete, under a byte budget that forces evictions."""
     space = crash_keyspace(args.keys)
-    plain = RecordStore(args.root, max_bytes=args.max_bytes, durable=True, io_threads=4)
-    packed = RecordStore(
-        args.root, max_bytes=args.max_bytes, compression="zstd", durable=True, io_threads=4
-    )
+    options = {"max_bytes": args.max_bytes, "durability": args.durability, "io_threads": 4}
+    plain = RecordStore(args.root, **options)
+    packed = RecordStore(args.root, compression="zstd", **options)
     for store in (plain, packed):
         store.register_namespace(NS_A)
     rng = random.Random(args.seed)
@@ -52,7 +51,7 @@ def _key_and_data(item):
 
 def _budget_writer(args) -> None:
     """Rounds of puts on command ("go N" on stdin), sampling the shared ledger after each."""
-    store = RecordStore(args.root, max_bytes=args.max_bytes, durable=False)
+    store = RecordStore(args.root, max_bytes=args.max_bytes, durability="none")
     store.register_namespace(NS_A)
     print("ready", flush=True)
     highest_ledger = highest_disk = 0
@@ -75,7 +74,7 @@ def _budget_writer(args) -> None:
 
 def _mixed_writer(args) -> None:
     """Waits for the go file, then puts shared and own keys in a shuffled order."""
-    store = RecordStore(args.root, durable=args.durable, io_threads=4)
+    store = RecordStore(args.root, durability="fsync" if args.durable else "none", io_threads=4)
     store.register_namespace(NS_A)
     items = [(f"shared-{i}", args.size + i) for i in range(args.shared)]
     items += [(f"{args.prefix}-{i}", args.size + i) for i in range(args.own)]
@@ -154,7 +153,12 @@ REQUIRED = object()
 ROLES = {
     "crash-writer": (
         _crash_writer,
-        {"seed": (int, REQUIRED), "keys": (int, 160), "max-bytes": (int, None)},
+        {
+            "seed": (int, REQUIRED),
+            "keys": (int, 160),
+            "max-bytes": (int, None),
+            "durability": (str, "fsync"),
+        },
     ),
     "budget-writer": (
         _budget_writer,

@@ -8,18 +8,11 @@ Blaise and the KV store share one root: text under <root>/blaise, KV pages under
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
-
+import e2e_support as e2e
 import pytest
+from records import pool_records
 
 from hicache_galahad.blaise import Blaise
-
-try:
-    import e2e_support as e2e
-except ImportError:  # pragma: no cover
-    from tests import e2e_support as e2e
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -46,35 +39,6 @@ QUESTIONS = (
 )
 
 
-@pytest.fixture(scope="module")
-def tiny_model():
-    return e2e.ensure_model("llama", "tiny")
-
-
-def _server_args(root: Path) -> list[str]:
-    config = {
-        "backend_name": "galahad",
-        "module_path": "hicache_galahad",
-        "class_name": "GalahadStorage",
-        "interface_v1": 1,
-        "root": str(root),
-    }
-    return [
-        *e2e.TINY_SERVER_ARGS,
-        *e2e.hicache_args(
-            "page_first_direct", backend="dynamic", extra_config=config, page_size=PAGE_SIZE
-        ),
-    ]
-
-
-def _kv_record_files(root: Path) -> list[Path]:
-    files = []
-    for description in root.glob("ns/*/namespace.json"):
-        if json.loads(description.read_text())["pool"] == "kv":
-            files += sorted(description.parent.glob("*.rec"))
-    return files
-
-
 def _reusable(prompt_ids: list[int], earlier: list[list[int]]) -> int:
     """Tokens SGLang can reuse for `prompt_ids` after serving `earlier`: the longest common
     prefix, strictly shorter than the prompt, in whole pages."""
@@ -89,22 +53,14 @@ def _reusable(prompt_ids: list[int], earlier: list[list[int]]) -> int:
     return best // PAGE_SIZE * PAGE_SIZE
 
 
-def _settled_kv_files(root: Path, at_least: int) -> int:
+def _settled_kv_files(root, at_least: int) -> int:
     """Waits until at least `at_least` KV records exist and their count is stable for 2 s."""
-    e2e.wait_for(lambda: len(_kv_record_files(root)) >= at_least, 60, "write-through")
-    previous, stable_since = -1, time.monotonic()
-    while time.monotonic() - stable_since < 2.0:
-        count = len(_kv_record_files(root))
-        if count != previous:
-            previous, stable_since = count, time.monotonic()
-        time.sleep(0.2)
-    return previous
-
-
-def _assert_storage_healthy(server) -> None:
-    log = Path(server.log_path).read_text(errors="replace")
-    assert "Exception in thread" not in log, log[-4000:]
-    assert "; reporting a miss" not in log, log[-4000:]
+    return e2e.wait_settled(
+        lambda: len(pool_records(root, "kv")),
+        lambda count: count >= at_least,
+        quiet_s=2.0,
+        what="write-through",
+    )
 
 
 def test_section_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path):
@@ -139,7 +95,9 @@ def test_section_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path)
     assert prefix_len <= expected_third < prefix_len + 4 * PAGE_SIZE
     num_pages = prefix_len // PAGE_SIZE
 
-    server = e2e.start_server(tiny_model, _server_args(root), log_path=tmp_path / "first.log")
+    server = e2e.start_server(
+        tiny_model, e2e.galahad_args(root, page_size=PAGE_SIZE), log_path=tmp_path / "first.log"
+    )
     try:
         first = e2e.generate(server, ids[0], MAX_NEW_TOKENS)
         assert first.cached_tokens == 0, first.meta_info
@@ -152,11 +110,13 @@ def test_section_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path)
         # SGLang writes the pages through to our store in the background
         stored = _settled_kv_files(root, expected_third // PAGE_SIZE)
         assert stored >= num_pages
-        _assert_storage_healthy(server)
+        e2e.assert_storage_healthy(server)
     finally:
         server.stop()
 
-    server = e2e.start_server(tiny_model, _server_args(root), log_path=tmp_path / "restart.log")
+    server = e2e.start_server(
+        tiny_model, e2e.galahad_args(root, page_size=PAGE_SIZE), log_path=tmp_path / "restart.log"
+    )
     try:
         third = e2e.generate(server, ids[2], MAX_NEW_TOKENS)
         details = third.cache_details
@@ -164,7 +124,7 @@ def test_section_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path)
         assert third.storage_tokens == expected_third, details  # all of it from our store
         assert details["storage_backend"] == "GalahadStorage", details
         assert third.storage_tokens // PAGE_SIZE >= num_pages  # every page of the section
-        _assert_storage_healthy(server)
+        e2e.assert_storage_healthy(server)
     finally:
         server.stop()
 

@@ -18,19 +18,13 @@ tokens happen to be routed (see tests/sglang_cpu/README.md).
 
 from __future__ import annotations
 
-import hashlib
-import json
 import random
 import sys
-import time
 from pathlib import Path
 
+import e2e_support as e2e
 import pytest
-
-try:
-    import e2e_support as e2e
-except ImportError:  # pragma: no cover
-    from tests import e2e_support as e2e
+from records import find_record, flip_byte, page_keys, pool_records
 
 sys.path.insert(0, str(e2e.HARNESS_DIR / "patches"))
 from sglang_cpu_patches.cpu_hybrid import HYBRID_PATCHES  # noqa: E402
@@ -50,19 +44,8 @@ HARNESS_ENV = {
 MEASURED_MATRIX = {63: 0, 64: 0, 65: 64, 127: 64, 128: 0, 129: 128, 191: 128, 192: 0, 193: 192}
 
 
-@pytest.fixture(scope="module")
-def hybrid_model():
-    return e2e.ensure_model("qwen3-next", "tiny")
-
-
 def hybrid_args(root: Path, track_interval: int = INTERVAL) -> list[str]:
-    config = {
-        "backend_name": "galahad",
-        "module_path": "hicache_galahad",
-        "class_name": "GalahadStorage",
-        "interface_v1": 1,
-        "root": str(root),
-    }
+    config = e2e.galahad_config(root, interface_v1=1)
     return [
         "--max-total-tokens", "4096", "--skip-server-warmup", "--disable-cuda-graph",
         "--dtype", "float32", "--max-mamba-cache-size", "64",
@@ -96,76 +79,25 @@ def strict_prefix_bound(num_tokens: int) -> int:
 # ------------------------------------------------------------------------------------------------
 
 
-def pool_records(root: Path, pool: str) -> set[Path]:
-    """The record files of every namespace of one pool ("kv" or "mamba")."""
-    records: set[Path] = set()
-    for description in root.glob("ns/*/namespace.json"):
-        if json.loads(description.read_text())["pool"] == pool:
-            records.update(description.parent.glob("*.rec"))
-    return records
-
-
 def settle(root: Path, kv_at_least: int, mamba_at_least: int, timeout_s: float = 60.0):
     """Wait until write-through has put at least these many records of each pool in the store
-    and nothing changed for a second (``/flush_cache`` drops writes still queued)."""
-    deadline = time.monotonic() + timeout_s
-    last, since = None, time.monotonic()
-    while True:
-        kv, mamba = pool_records(root, "kv"), pool_records(root, "mamba")
-        now = (len(kv), len(mamba))
-        if now != last:
-            last, since = now, time.monotonic()
-        enough = len(kv) >= kv_at_least and len(mamba) >= mamba_at_least
-        if enough and time.monotonic() - since >= 1.0:
-            return kv, mamba
-        if time.monotonic() >= deadline:
-            raise TimeoutError(
-                f"write-through: {now} records (kv, mamba), expected at least "
-                f"({kv_at_least}, {mamba_at_least})"
-            )
-        time.sleep(0.2)
-
-
-def page_keys(token_ids: list[int]) -> list[str]:
-    """SGLang's page-hash chain (mem_cache/utils.py get_hash_str): sha256 over the previous
-    page's raw digest and the page's tokens as uint32 little-endian; full pages only. A state is
-    stored under the key of the last page it covers."""
-    prior, keys = b"", []
-    for start in range(0, len(token_ids) - len(token_ids) % PAGE_SIZE, PAGE_SIZE):
-        page = token_ids[start : start + PAGE_SIZE]
-        digest = hashlib.sha256(prior + b"".join(t.to_bytes(4, "little") for t in page)).digest()
-        keys.append(digest.hex())
-        prior = digest
-    return keys
+    and nothing changed for a second (``/flush_cache`` drops writes still queued); returns the
+    (kv, mamba) record files."""
+    return e2e.wait_settled(
+        lambda: (set(pool_records(root, "kv")), set(pool_records(root, "mamba"))),
+        lambda seen: len(seen[0]) >= kv_at_least and len(seen[1]) >= mamba_at_least,
+        timeout_s=timeout_s,
+        what=f"write-through of at least ({kv_at_least}, {mamba_at_least}) records (kv, mamba)",
+    )
 
 
 def record_keys(root: Path, pool: str) -> set[str]:
     return {path.stem for path in pool_records(root, pool)}
 
 
-def record_path(root: Path, pool: str, key: str) -> Path:
-    (path,) = [path for path in pool_records(root, pool) if path.stem == key]
-    return path
-
-
-def damage(records) -> None:
-    """Flip one payload byte of each record (the store's checksum must catch it)."""
-    for path in records:
-        data = bytearray(path.read_bytes())
-        data[-1] ^= 0x5A
-        path.write_bytes(bytes(data))
-
-
-def server_log(server: e2e.Server) -> str:
-    return Path(server.log_path).read_text(errors="replace")
-
-
 def assert_storage_healthy(server: e2e.Server) -> None:
-    """No SGLang storage thread died and the backend caught no exception of its own."""
-    log = server_log(server)
-    assert "Exception in thread" not in log, log[-4000:]
-    assert "; reporting a miss" not in log, log[-4000:]
-    assert "transfer failed" not in log, log[-4000:]
+    """Also no failed hybrid transfer."""
+    e2e.assert_storage_healthy(server, "transfer failed")
 
 
 # ------------------------------------------------------------------------------------------------
@@ -180,21 +112,6 @@ def same_output(result, reference) -> bool:
     )
 
 
-def assert_same_output(result, reference) -> None:
-    assert result.output_ids == reference.output_ids
-    assert result.output_logprobs == reference.output_logprobs  # bit-identical
-
-
-def assert_from(result, *, storage: int = 0, device: int = 0) -> None:
-    details = result.cache_details
-    assert result.cached_tokens == storage + device, result.meta_info
-    if result.cached_tokens:
-        assert details.get("storage", 0) == storage, details
-        assert details.get("device", 0) + details.get("host", 0) == device, details
-        if storage:
-            assert details["storage_backend"] == "GalahadStorage", details
-
-
 def live_split(server, prompt: list[int], split: int, max_new_tokens: int):
     """The reference for a restore at `split`: the prefix computed in its own prefill, then the
     whole prompt on top of the device cache (which must hold exactly that prefix)."""
@@ -202,7 +119,7 @@ def live_split(server, prompt: list[int], split: int, max_new_tokens: int):
         return e2e.generate(server, prompt, max_new_tokens)
     e2e.generate(server, prompt[:split], 1)
     result = e2e.generate(server, prompt, max_new_tokens)
-    assert_from(result, device=split)
+    e2e.assert_cached(result, device=split)
     return result
 
 
@@ -218,14 +135,14 @@ def test_restore_restart_and_damaged_state_records(hybrid_model, tmp_path):
     output is always the cold run's, bit for bit."""
     root = tmp_path / "store"
     prompt = prompt_of(163, seed=1)
-    keys = page_keys(prompt)
+    keys = page_keys(prompt, PAGE_SIZE)
     expected = strict_prefix_bound(len(prompt))
     assert expected == 128
 
     server = serve(hybrid_model, root, tmp_path, "first")
     try:
         cold = e2e.generate(server, prompt, MAX_NEW_TOKENS)
-        assert_from(cold)
+        e2e.assert_cached(cold)
         kv, _ = settle(root, kv_at_least=expected // PAGE_SIZE, mamba_at_least=1)
         # One checkpoint, at the prompt's last aligned position (128), keyed by page 7's hash.
         assert record_keys(root, "mamba") == {keys[7]}
@@ -237,9 +154,9 @@ def test_restore_restart_and_damaged_state_records(hybrid_model, tmp_path):
 
         e2e.flush_cache(server)
         warm = e2e.generate(server, prompt, MAX_NEW_TOKENS)
-        assert_from(warm, storage=expected)
-        assert_same_output(warm, cold)
-        assert f"loaded={expected}" in server_log(server)
+        e2e.assert_cached(warm, storage=expected)
+        e2e.assert_same_output(warm, cold)
+        assert f"loaded={expected}" in e2e.server_log(server)
         assert_storage_healthy(server)
     finally:
         server.stop()
@@ -247,16 +164,16 @@ def test_restore_restart_and_damaged_state_records(hybrid_model, tmp_path):
     server = serve(hybrid_model, root, tmp_path, "restart")
     try:
         restored = e2e.generate(server, prompt, MAX_NEW_TOKENS)
-        assert_from(restored, storage=expected)
-        assert_same_output(restored, cold)
+        e2e.assert_cached(restored, storage=expected)
+        e2e.assert_same_output(restored, cold)
 
         # Damage the state at 128 only: the KV pages are intact, the state at 64 too.
         e2e.flush_cache(server)
-        damage([record_path(root, "mamba", keys[7])])
+        flip_byte(find_record(root, keys[7], "mamba"), mask=0x5A)
         fallback = e2e.generate(server, prompt, MAX_NEW_TOKENS)
-        assert_from(fallback, storage=INTERVAL)
-        assert_same_output(fallback, cold)
-        assert f"record {keys[7]} failed V13" in server_log(server)  # seen, quarantined
+        e2e.assert_cached(fallback, storage=INTERVAL)
+        e2e.assert_same_output(fallback, cold)
+        assert f"record {keys[7]} failed V13" in e2e.server_log(server)  # seen, quarantined
         # The recompute of [64, 163) stores the state at 128 again.
         settle(root, kv_at_least=0, mamba_at_least=2)
         assert record_keys(root, "mamba") == {keys[3], keys[7]}
@@ -265,18 +182,19 @@ def test_restore_restart_and_damaged_state_records(hybrid_model, tmp_path):
         # prefetch ("HiCache hybrid prefetch discarded ... reason=storage_transfer") rather
         # than restoring 64: a lost hit, never a wrong answer.
         e2e.flush_cache(server)
-        damage([record_path(root, "kv", keys[5])])
+        flip_byte(find_record(root, keys[5], "kv"), mask=0x5A)
         without_page = e2e.generate(server, prompt, MAX_NEW_TOKENS)
         assert without_page.cached_tokens in (0, INTERVAL), without_page.meta_info
-        assert_same_output(without_page, cold)
+        e2e.assert_same_output(without_page, cold)
 
         # Damage every state record (wait for the recompute's write-through first).
         settle(root, kv_at_least=expected // PAGE_SIZE, mamba_at_least=2)
         e2e.flush_cache(server)
-        damage(pool_records(root, "mamba"))
+        for path in pool_records(root, "mamba"):
+            flip_byte(path, mask=0x5A)
         recomputed = e2e.generate(server, prompt, MAX_NEW_TOKENS)
-        assert_from(recomputed)
-        assert_same_output(recomputed, cold)
+        e2e.assert_cached(recomputed)
+        e2e.assert_same_output(recomputed, cold)
         assert_storage_healthy(server)
     finally:
         server.stop()
@@ -302,9 +220,9 @@ def measure(server, root: Path, length: int, seed: int, states_donated: int) -> 
     """Cold request, write-through, flush, the same request again: how many tokens storage
     serves. Then checks the output against the same split computed live, bit for bit."""
     prompt = prompt_of(length, seed)
-    kv_before, mamba_before = pool_records(root, "kv"), pool_records(root, "mamba")
+    kv_before, mamba_before = set(pool_records(root, "kv")), set(pool_records(root, "mamba"))
     cold = e2e.generate(server, prompt, 4)
-    assert_from(cold)
+    e2e.assert_cached(cold)
     deepest = INTERVAL * (length // INTERVAL)  # the prompt's last aligned position
     settle(
         root,
@@ -314,11 +232,11 @@ def measure(server, root: Path, length: int, seed: int, states_donated: int) -> 
     e2e.flush_cache(server)
     restored = e2e.generate(server, prompt, 4)
     cached = restored.cached_tokens
-    assert_from(restored, storage=cached)
+    e2e.assert_cached(restored, storage=cached)
     assert cached <= strict_prefix_bound(length), (length, cached)
     e2e.flush_cache(server)
     reference = live_split(server, prompt, cached, 4)
-    assert_same_output(restored, reference)
+    e2e.assert_same_output(restored, reference)
     e2e.flush_cache(server)
     return {"cached": cached, "same_as_cold": same_output(restored, cold)}
 
@@ -370,7 +288,7 @@ def test_decode_checkpoints_reused_by_next_turn(interval_server):
     server, root = interval_server
     e2e.flush_cache(server)
     prompt = prompt_of(100, seed=3)
-    mamba_before = pool_records(root, "mamba")
+    mamba_before = set(pool_records(root, "mamba"))
     first = e2e.generate(server, prompt, 60)
     follow_up = prompt + first.output_ids + prompt_of(20, seed=4)
     assert len(follow_up) == 180
@@ -378,11 +296,11 @@ def test_decode_checkpoints_reused_by_next_turn(interval_server):
     assert len(mamba - mamba_before) == 2  # prefill: 64; decode: 128
 
     live = e2e.generate(server, follow_up, MAX_NEW_TOKENS)
-    assert_from(live, device=128)
+    e2e.assert_cached(live, device=128)
     settle(root, kv_at_least=0, mamba_at_least=len(mamba))
     e2e.flush_cache(server)
     restored = e2e.generate(server, follow_up, MAX_NEW_TOKENS)
-    assert_from(restored, storage=128)
+    e2e.assert_cached(restored, storage=128)
     assert strict_prefix_bound(len(follow_up)) == 128
-    assert_same_output(restored, live)
+    e2e.assert_same_output(restored, live)
     assert_storage_healthy(server)

@@ -97,7 +97,7 @@ def test_a_floor_larger_than_the_filesystem_is_refused_at_start(tmp_path):
 
 def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, monkeypatch):
     root = str(tmp_path / "store")
-    with RecordStore(root, max_bytes=40 * RECORD_BYTES, durable=False) as store:
+    with RecordStore(root, max_bytes=40 * RECORD_BYTES, durability="none") as store:
         fill(store, ALICE, 10)
         fill(store, BOB, 10)
         ledger = Path(root) / "ledger"
@@ -117,13 +117,13 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
 
 def test_a_huge_sparse_file_under_the_root_is_accounted_by_what_it_occupies(tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durable=False) as store:
+    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durability="none") as store:
         fill(store, BOB, 20)
     sparse = Path(root) / "ns" / ALICE.dirname / record_filename(key(0, "sparse"))
     sparse.parent.mkdir(parents=True, exist_ok=True)
     with open(sparse, "wb") as handle:
         handle.truncate(1 << 40)  # claims a terabyte, occupies nothing
-    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durable=False) as store:
+    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durability="none") as store:
         assert store.usage_bytes() < 30 * RECORD_BYTES
         fill(store, ALICE, 5)
         assert len(records_of(root, BOB)) == 20  # nothing had to go
@@ -132,7 +132,7 @@ def test_a_huge_sparse_file_under_the_root_is_accounted_by_what_it_occupies(tmp_
 RESERVE_AND_WAIT = """
 import sys, time
 from hicache_galahad.store import RecordStore
-store = RecordStore(sys.argv[1], max_bytes=int(sys.argv[2]), durable=False)
+store = RecordStore(sys.argv[1], max_bytes=int(sys.argv[2]), durability="none")
 assert store.budget.reserve(int(sys.argv[3]))
 print("reserved", flush=True)
 time.sleep(600)
@@ -142,7 +142,7 @@ time.sleep(600)
 def test_reservations_of_sigkilled_writers_come_back_while_peers_run(tmp_path, monkeypatch):
     root = str(tmp_path / "store")
     cap = 40 * RECORD_BYTES
-    with RecordStore(root, max_bytes=cap, durable=False) as peer:
+    with RecordStore(root, max_bytes=cap, durability="none") as peer:
         fill(peer, ALICE, 10)
         writers = [child(RESERVE_AND_WAIT, root, cap, 4 * RECORD_BYTES) for _ in range(6)]
         for writer in writers:  # six writers hold 4 records' worth each: 60% of the cap ...
@@ -162,7 +162,7 @@ def test_reservations_of_sigkilled_writers_come_back_while_peers_run(tmp_path, m
 
 def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 3)
         live_temp = Path(
             store.layout.new_temp_path(ALICE.dirname, record_filename(key(7)), store._process.token)
@@ -180,7 +180,7 @@ def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
 
 def test_a_deleted_or_truncated_ledger_is_rebuilt_while_the_store_runs(tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durable=False) as store:
+    with RecordStore(root, max_bytes=30 * RECORD_BYTES, durability="none") as store:
         fill(store, ALICE, 10)
         os.unlink(Path(root) / "ledger")
         assert store.put(ALICE, key(50), page(50))
@@ -193,7 +193,7 @@ def test_a_deleted_or_truncated_ledger_is_rebuilt_while_the_store_runs(tmp_path)
 
 def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files(tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durable=False) as first:
+    with RecordStore(root, durability="none") as first:
         fill(first, ALICE, 1)
         live_temp = Path(
             first.layout.new_temp_path(ALICE.dirname, record_filename(key(9)), first._process.token)
@@ -201,7 +201,7 @@ def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files
         live_temp.write_bytes(b"in flight")
         for lock in (Path(root) / "procs").iterdir():
             lock.unlink()
-        with RecordStore(root, durable=False):
+        with RecordStore(root, durability="none"):
             assert live_temp.exists()
 
 
@@ -214,7 +214,7 @@ def test_a_symlinked_quarantine_or_namespace_never_reaches_outside_the_root(tmp_
     victim = outside / "precious.rec"
     victim.write_bytes(b"not yours")
     root = tmp_path / "store"
-    with RecordStore(str(root), durable=False) as store:
+    with RecordStore(str(root), durability="none") as store:
         fill(store, ALICE, 2)
     (root / "quarantine").rmdir()
     (root / "quarantine").symlink_to(outside)
@@ -223,7 +223,7 @@ def test_a_symlinked_quarantine_or_namespace_never_reaches_outside_the_root(tmp_
     (root / "quarantine").unlink()
     (root / "quarantine").mkdir()
     (root / "ns" / BOB.dirname).symlink_to(outside)  # a namespace directory pointing out
-    with RecordStore(str(root), max_bytes=3 * RECORD_BYTES, durable=False) as store:
+    with RecordStore(str(root), max_bytes=3 * RECORD_BYTES, durability="none") as store:
         report = store.check(fix=True)
         store.clear_namespace(BOB)
         fill(store, ALICE, 6, label="more")  # evicts
@@ -242,7 +242,7 @@ def _in_thread(call, timeout_s=20):
 
 def test_a_fifo_at_a_record_path_is_a_miss_and_never_hangs(tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 2)
         fifo = Path(root) / "ns" / ALICE.dirname / record_filename(key(5))
         os.mkfifo(fifo)
@@ -262,7 +262,7 @@ def test_a_fifo_at_a_record_path_is_a_miss_and_never_hangs(tmp_path):
 def test_a_sound_record_of_the_wrong_size_is_never_read_whole(tmp_path):
     root = str(tmp_path / "store")
     big = 64 << 20
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(ALICE)
         assert store.put(ALICE, key(1), bytes(big))  # sound, but not a page of this pool
         rss_before = _rss_bytes()
@@ -287,7 +287,7 @@ import json, logging, os, sys
 from hicache_galahad.store import RecordStore
 logging.basicConfig()
 os.setgid(65534); os.setuid(65534)  # everything is imported: now drop root
-with RecordStore(sys.argv[1], durable=False) as store:
+with RecordStore(sys.argv[1], durability="none") as store:
     print(json.dumps(store.stats()))
 """
 
@@ -299,7 +299,7 @@ def test_an_unreadable_namespace_directory_is_skipped_with_a_warning(tmp_path):
     try:
         os.chmod(shared, 0o777)
         root = shared / "store"
-        with RecordStore(str(root), durable=False) as store:
+        with RecordStore(str(root), durability="none") as store:
             fill(store, ALICE, 2)
             fill(store, BOB, 2)
         for path in [root, *root.rglob("*")]:
@@ -322,7 +322,7 @@ def test_an_unreadable_namespace_directory_is_skipped_with_a_warning(tmp_path):
 def test_a_deleted_or_edited_description_is_put_back_by_a_running_store(tmp_path, monkeypatch):
     root = str(tmp_path / "store")
     monkeypatch.setattr(store_module, "DESCRIPTION_CHECK_INTERVAL_S", 0.0)
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 1)
         description = Path(root) / "ns" / ALICE.dirname / "namespace.json"
         description.unlink()
@@ -337,7 +337,7 @@ def test_a_deleted_or_edited_description_is_put_back_by_a_running_store(tmp_path
 
 
 def test_a_full_disk_at_start_degrades_to_misses_and_cleans_up(tmp_path):
-    with tmpfs(tmp_path / "fs", "1m") as root, RecordStore(str(root), durable=False) as store:
+    with tmpfs(tmp_path / "fs", "1m") as root, RecordStore(str(root), durability="none") as store:
         filler = root / "filler"
         with contextlib.suppress(OSError), open(filler, "wb") as handle:
             while True:

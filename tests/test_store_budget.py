@@ -28,7 +28,7 @@ def test_disk_never_exceeds_max_bytes(tmp_path):
     root = str(tmp_path / "store")
     max_bytes = 200_000
     rng = random.Random(7)
-    with RecordStore(root, max_bytes=max_bytes, compression="zstd", durable=False) as store:
+    with RecordStore(root, max_bytes=max_bytes, compression="zstd", durability="none") as store:
         store.register_namespace(NS_A)
         written = {}
         for round_index in range(30):
@@ -58,7 +58,7 @@ def test_least_recently_used_are_evicted_first(tmp_path):
     old = [f"lru-{i:03d}" for i in range(10)]
     new = [f"new-{i:03d}" for i in range(5)]
     size = record_bytes(old[0], raw)
-    with RecordStore(str(tmp_path / "store"), max_bytes=10 * size, durable=False) as store:
+    with RecordStore(str(tmp_path / "store"), max_bytes=10 * size, durability="none") as store:
         store.register_namespace(NS_A)
         for key in old:
             assert store.put(NS_A, key, content(key, raw))
@@ -82,7 +82,7 @@ def test_recency_survives_a_restart(tmp_path):
     root = str(tmp_path / "store")
     keys = [f"lru-{i:03d}" for i in range(6)]
     size = record_bytes(keys[0], raw)
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(NS_A)
         for key in keys:
             assert store.put(NS_A, key, content(key, raw))
@@ -90,9 +90,9 @@ def test_recency_survives_a_restart(tmp_path):
     for index, key in enumerate(keys):  # written long ago, oldest first
         stamp = now - 10_000 + index * 100
         os.utime(record_path(root, NS_A, key), (stamp, stamp))
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         assert checked_get(store, NS_A, keys[0], content(keys[0], raw))
-    with RecordStore(root, max_bytes=6 * size, durable=False) as store:
+    with RecordStore(root, max_bytes=6 * size, durability="none") as store:
         store.register_namespace(NS_A)
         for extra in ("new-000", "new-001"):
             assert store.put(NS_A, extra, content(extra, raw))
@@ -103,7 +103,7 @@ def test_record_larger_than_the_budget_is_refused_without_evicting(tmp_path):
     raw = 10_000
     keys = [f"small-{i}" for i in range(4)]
     max_bytes = 8 * record_bytes(keys[0], raw)
-    with RecordStore(str(tmp_path / "store"), max_bytes=max_bytes, durable=False) as store:
+    with RecordStore(str(tmp_path / "store"), max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         for key in keys:
             assert store.put(NS_A, key, content(key, raw))
@@ -131,7 +131,7 @@ def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
     raw = 20_000
     capacity = 400_000
     floor = 150_000
-    with RecordStore(root, min_free_bytes=floor, durable=False) as store:
+    with RecordStore(root, min_free_bytes=floor, durability="none") as store:
         store.register_namespace(NS_A)
         monkeypatch.setattr(store, "_free_bytes", lambda: capacity - store_disk_bytes(root))
         keys = [f"floor-{i:03d}" for i in range(30)]
@@ -166,7 +166,7 @@ def test_budget_shared_by_two_processes(tmp_path):
     rounds = 20
     max_bytes = 30 * record_bytes("p0-r0-00", size)
     highest_disk = 0
-    with children() as procs, RecordStore(root, max_bytes=max_bytes, durable=False) as store:
+    with children() as procs, RecordStore(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         child = spawn(
             "budget-writer",
@@ -225,7 +225,7 @@ def test_a_prefix_chain_is_evicted_tail_first(tmp_path):
     raw = 8_000
     chain = [f"chain-{i:02d}" for i in range(10)]
     size = record_bytes(chain[0], raw)
-    with RecordStore(str(tmp_path / "store"), max_bytes=10 * size, durable=False) as store:
+    with RecordStore(str(tmp_path / "store"), max_bytes=10 * size, durability="none") as store:
         store.register_namespace(NS_A)
         assert store.put_many(NS_A, chain, [content(k, raw) for k in chain]) == [True] * 10
         for extra in ("extra-01", "extra-02", "extra-03"):
@@ -246,7 +246,7 @@ def test_check_fix_during_a_write_keeps_the_budget(tmp_path, monkeypatch):
     size = record_bytes("k-00", raw)
     max_bytes = 10 * size
     root = str(tmp_path / "store")
-    with RecordStore(root, max_bytes=max_bytes, durable=False) as store:
+    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         for index in range(5):
             assert store.put(NS_A, f"k-{index:02d}", content(str(index), raw))

@@ -29,7 +29,7 @@ def test_eight_threads_mixed_operations(tmp_path, compression):
     stats = {"hits": 0, "misses": 0, "puts_ok": 0}
     stats_lock = threading.Lock()
     start = threading.Barrier(THREADS)
-    with RecordStore(root, compression=compression, durable=False, io_threads=8) as store:
+    with RecordStore(root, compression=compression, durability="none", io_threads=8) as store:
         store.register_namespace(NS_A)
 
         def worker(index: int) -> None:
@@ -102,8 +102,8 @@ def test_two_store_instances_in_one_process_share_the_ledger(tmp_path):
     root = str(tmp_path / "store")
     items = overlapping_items(48)
     keys = list(items)
-    first = RecordStore(root, durable=False)
-    second = RecordStore(root, durable=False, compression="zstd")
+    first = RecordStore(root, durability="none")
+    second = RecordStore(root, durability="none", compression="zstd")
     try:
         for store in (first, second):
             store.register_namespace(NS_A)
@@ -141,7 +141,7 @@ def test_two_processes_write_same_and_different_keys(tmp_path, durable):
     root = str(tmp_path / "store")
     go_file = str(tmp_path / "go")
     shared, own, size = 60, 40, 20_000
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(NS_A)  # the namespace exists before the writers race
     with children() as procs:
         for prefix in ("w1", "w2"):

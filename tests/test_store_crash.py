@@ -41,7 +41,8 @@ def verify_keyspace(store: RecordStore, space) -> int:
 
 
 @pytest.mark.slow
-def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path):
+@pytest.mark.parametrize("durability", ["fsync", "deferred"])
+def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
     root = str(tmp_path / "store")
     space = crash_keyspace(KEYS)
     rng = random.Random(20240601)
@@ -55,9 +56,9 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path):
             # Odd rounds: a store stays open in this process while the writer runs, so the
             # writer is never alone and, after the kill, check(fix=True) must clean up.
             # Even rounds: nothing else is open; the next open is alone and cleans up.
-            resident = RecordStore(root, durable=False) if kill % 2 else None
+            resident = RecordStore(root, durability="none") if kill % 2 else None
             writer = spawn("crash-writer", root, "--seed", kill, "--keys", KEYS,
-                           "--max-bytes", MAX_BYTES)  # fmt: skip
+                           "--max-bytes", MAX_BYTES, "--durability", durability)  # fmt: skip
             procs.append(writer)
             assert read_line(writer, 60) == "ready"
             time.sleep(rng.uniform(0.05, 0.5))
@@ -80,7 +81,7 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path):
                 hits_per_kill.append(verify_keyspace(resident, space))
                 resident.close()
             else:
-                with RecordStore(root, durable=False) as fresh:  # alone: cleans at open
+                with RecordStore(root, durability="none") as fresh:  # alone: cleans at open
                     assert temp_files(root) == []
                     removed = fresh.counters.snapshot()["stale_temp_removed"]
                     assert removed == len(left)

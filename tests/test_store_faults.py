@@ -32,7 +32,7 @@ def store(request, tmp_path):
     options = dict(MODES[request.param])
     if options.pop("encrypted", False):
         options["encryption_key_file"] = write_key_file(tmp_path / "key", os.urandom(32))
-    opened = RecordStore(str(tmp_path / "store"), durable=True, **options)
+    opened = RecordStore(str(tmp_path / "store"), durability="fsync", **options)
     opened.register_namespace(NS_A)
     # Some records already there, so that a failure has something to disturb.
     for index in range(3):
@@ -219,7 +219,7 @@ def test_read_fault_is_a_transient_miss(store, monkeypatch, calls, size):
 
 
 def test_statvfs_failure_with_min_free_fails_the_put_cleanly(tmp_path, monkeypatch):
-    with RecordStore(str(tmp_path / "store"), min_free_bytes=1, durable=False) as store:
+    with RecordStore(str(tmp_path / "store"), min_free_bytes=1, durability="none") as store:
         store.register_namespace(NS_A)
         Fault(monkeypatch, "statvfs", errno.EIO)
         assert store.put(NS_A, "k", b"k" * 100) is False

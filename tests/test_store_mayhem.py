@@ -58,7 +58,7 @@ class World:
         options = {
             "compression": MODES[self.mode]["compression"],
             "encryption_key_file": self.key_file,
-            "durable": False,
+            "durability": "none",
         }
         return RecordStore(self.root, **(options | overrides))
 
@@ -644,7 +644,7 @@ def test_owner_only_key_file_is_accepted(tmp_path):
 def test_live_writers_temp_files_are_kept_dead_writers_removed(tmp_path):
     """check(fix=True) removes only temp files whose writer is gone."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(NS_A)
         assert store.put(NS_A, "k", b"k" * 1000)
         sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
@@ -660,7 +660,7 @@ def test_live_writers_temp_files_are_kept_dead_writers_removed(tmp_path):
             assert os.path.exists(live) and not os.path.exists(dead)
             assert store.check().clean
             # A store opened while another is open must not remove the live writer's file.
-            with RecordStore(root, durable=False) as second:
+            with RecordStore(root, durability="none") as second:
                 assert second.counters.snapshot()["stale_temp_removed"] == 0
             assert os.path.exists(live)
         finally:

@@ -37,7 +37,7 @@ def test_records_of_one_namespace_are_misses_in_another(tmp_path, differs_in, en
     root = str(tmp_path / "store")
     keys = [f"iso-{index}" for index in range(6)]
     datas = {key: content(key, 4096 + index) for index, key in enumerate(keys)}
-    with RecordStore(root, encryption_key_file=key_file, durable=False) as store:
+    with RecordStore(root, encryption_key_file=key_file, durability="none") as store:
         store.register_namespace(NS_A)
         store.register_namespace(ns_b)
         assert store.put_many(NS_A, keys, list(datas.values())) == [True] * len(keys)
@@ -73,7 +73,7 @@ def test_records_of_one_namespace_are_misses_in_another(tmp_path, differs_in, en
 def test_check_flags_a_record_copied_into_another_namespace(tmp_path):
     root = str(tmp_path / "store")
     ns_b = VARIANTS["pool"]
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(NS_A)
         store.register_namespace(ns_b)
         assert store.put(NS_A, "k", b"a" * 100)

@@ -102,7 +102,7 @@ def test_open_a_store_of_100k_records(tmp_path):
     count = 100_000
     size = 64
     started = time.perf_counter()
-    with RecordStore(root, durable=False) as store:
+    with RecordStore(root, durability="none") as store:
         store.register_namespace(NS_A)
         put = store.put
         for index in range(count):

@@ -88,7 +88,10 @@ class TextRecords:
 
     def __init__(self, root: str, tenant: str, encryption_key_file: str | None = None):
         self.store = RecordStore(
-            os.path.join(root, "blaise"), encryption_key_file=encryption_key_file, max_bytes=None
+            os.path.join(root, "blaise"),
+            encryption_key_file=encryption_key_file,
+            max_bytes=None,
+            durability="fsync",  # text cannot be recomputed: durable before a put returns
         )
         self.namespace = self.store.register_namespace(
             Namespace(tenant, MODEL_FINGERPRINT, POOL, {"schema": SCHEMA})
