@@ -40,6 +40,7 @@ class RecordCodec:
         self.digest_alg = digest_alg
         self.digest_bytes = fmt.DIGEST_SIZES[digest_alg]
         self.digest_padding = bytes(32 - self.digest_bytes)
+        self.digest_zeros = bytes(self.digest_bytes)
         self.compression = compression
         self.zstd_level = zstd_level
         self.allow_unverified = allow_unverified

@@ -112,6 +112,7 @@ class StoreLayout:
         self.quarantine_dir = os.path.join(self.root, "quarantine")
         self.ledger_path = os.path.join(self.root, "ledger")
         self._dirs: dict[str, str] = {}
+        self._prefixes: dict[str, str] = {}
         self._descriptions: dict[str, tuple[float, Namespace | None]] = {}
 
     def create(self) -> None:
@@ -123,6 +124,14 @@ class StoreLayout:
         if directory is None:
             directory = self._dirs[dirname] = os.path.join(self.ns_root, dirname)
         return directory
+
+    def namespace_prefix(self, dirname: str) -> str:
+        """The namespace's directory with a trailing separator (record paths are built by
+        concatenation on the read path)."""
+        prefix = self._prefixes.get(dirname)
+        if prefix is None:
+            prefix = self._prefixes[dirname] = self.namespace_dir(dirname) + os.sep
+        return prefix
 
     def record_path(self, dirname: str, key: str) -> str:
         return os.path.join(self.namespace_dir(dirname), record_filename(key))

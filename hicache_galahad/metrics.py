@@ -38,6 +38,12 @@ class Counters:
         with self._lock:
             self._values[name] = self._values.get(name, 0) + amount
 
+    def add_many(self, **amounts: int) -> None:
+        with self._lock:
+            for name, amount in amounts.items():
+                if amount:
+                    self._values[name] = self._values.get(name, 0) + amount
+
     def snapshot(self) -> dict:
         with self._lock:
             return dict(self._values)

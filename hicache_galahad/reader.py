@@ -10,6 +10,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import stat
 
 from cryptography.exceptions import InvalidTag
 
@@ -19,6 +20,9 @@ from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, recor
 from .namespace import Namespace
 
 READ_CHUNK_BYTES = 1 << 20
+# What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
+# symlink, a socket, a directory, a FIFO read with an offset).
+NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
 IOV_MAX = 1024
 FAST_READ_MAX_BYTES = 1 << 20
 TOUCHED_LOCATIONS_MAX = 1_000_000
@@ -61,7 +65,7 @@ def open_record(path: str) -> int:
     except FileNotFoundError:
         raise
     except OSError as error:
-        if error.errno in (errno.ELOOP, errno.ENXIO, errno.EISDIR):
+        if error.errno in NOT_REGULAR_ERRNOS:
             raise fmt.NotARegularFileError(f"{path} is not a regular file") from error
         raise
     try:
@@ -89,15 +93,24 @@ class RecordReader:
 
     # ------------------------------------------------------------- serving reads
 
-    def read_into(self, namespace: Namespace, key: str, out) -> None:
+    def read_into(self, namespace: Namespace, key: str, out, filename: str | None = None):
         """Fills `out` (a buffer, or a list of buffers filled in order) with the record's
         verified raw bytes, whose size must be exactly the record's. Raises
-        FileNotFoundError, format.FormatError (with `.inode` set) or OSError."""
+        FileNotFoundError, format.FormatError (with `.inode` set) or OSError. `filename` is
+        record_filename(key), when the caller has it already."""
         segments = fmt.as_segments(out)
         key_bytes = fmt.encode_key(key)
         raw_len = sum(len(segment) for segment in segments)
-        path = self.layout.record_path(namespace.dirname, key)
-        fd = open_record(path)
+        filename = filename or record_filename(key)
+        path = self.layout.namespace_prefix(namespace.dirname) + filename
+        try:
+            fd = os.open(path, RECORD_OPEN_FLAGS)
+        except FileNotFoundError:
+            raise
+        except OSError as error:
+            if error.errno in NOT_REGULAR_ERRNOS:
+                raise fmt.NotARegularFileError(f"{path} is not a regular file") from error
+            raise
         try:
             if not (
                 raw_len <= FAST_READ_MAX_BYTES
@@ -105,12 +118,16 @@ class RecordReader:
                 and self._read_fast(fd, namespace, key_bytes, segments, raw_len)
             ):
                 info = os.fstat(fd)
+                if not stat.S_ISREG(info.st_mode):
+                    raise fmt.NotARegularFileError(f"{path} is not a regular file")
                 try:
                     self._read_verified(fd, info.st_size, namespace, key_bytes, segments)
                 except fmt.FormatError as error:
                     error.inode = info.st_ino
                     raise
-            self._persist_recency(fd, namespace.dirname, os.path.basename(path))
+            location = (namespace.dirname, filename)
+            if location not in self._touched:
+                self._persist_recency(fd, location)
         finally:
             os.close(fd)
 
@@ -123,11 +140,10 @@ class RecordReader:
         finally:
             os.close(fd)
 
-    def _persist_recency(self, fd: int, dirname: str, filename: str) -> None:
+    def _persist_recency(self, fd: int, location: tuple[str, str]) -> None:
         """Sets the record's mtime once per process, so eviction after a restart knows which
         records were used (a read-only reader changes nothing)."""
-        location = (dirname, filename)
-        if self.read_only or location in self._touched:
+        if self.read_only:
             return
         with contextlib.suppress(OSError):  # e.g. a read-only mount
             os.utime(fd)
@@ -144,23 +160,30 @@ class RecordReader:
             return False
         head = bytearray(fmt.FIXED_HEADER_BYTES + len(key_bytes))
         sentinel = bytearray(1)  # stays empty only if the file ends where it should
-        if os.preadv(fd, [head, *segments, sentinel], 0) != len(head) + raw_len:
-            return False
+        try:
+            if os.preadv(fd, [head, *segments, sentinel], 0) != len(head) + raw_len:
+                return False
+        except OSError as error:
+            if error.errno in NOT_REGULAR_ERRNOS:  # a FIFO, a directory: never a record
+                raise fmt.NotARegularFileError("the record is not a regular file") from error
+            raise
+        digest_end = fmt.DIGEST_OFFSET + codec.digest_bytes
         if (
             head[: fmt.DIGEST_OFFSET]
             != codec.expected_plain_header(namespace, len(key_bytes), raw_len)
             or head[fmt.FIXED_HEADER_BYTES :] != key_bytes
-            or head[fmt.DIGEST_OFFSET + codec.digest_bytes : fmt.FIXED_HEADER_BYTES]
-            != codec.digest_padding
+            or head[digest_end : fmt.FIXED_HEADER_BYTES] != codec.digest_padding
         ):
             return False
         hasher = fmt.new_digest(codec.digest_alg)
         if hasher is None:
             return codec.allow_unverified
-        fmt.hash_header(hasher, head)
+        digest = bytes(head[fmt.DIGEST_OFFSET : digest_end])
+        head[fmt.DIGEST_OFFSET : digest_end] = codec.digest_zeros  # hashed as zeros
+        hasher.update(head)
         for segment in segments:
             hasher.update(segment)
-        return hasher.digest() == head[fmt.DIGEST_OFFSET : fmt.DIGEST_OFFSET + codec.digest_bytes]
+        return hasher.digest() == digest
 
     def read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes):
         """(header, its bytes) of the record open at fd, after V1-V12."""

@@ -53,6 +53,12 @@ RECLAIM_INTERVAL_S = 1.0
 __all__ = ["CheckReport", "RecordStore", "record_filename"]
 
 
+def _nbytes(out) -> int:
+    if isinstance(out, list | tuple):
+        return sum(memoryview(segment).nbytes for segment in out)
+    return memoryview(out).nbytes
+
+
 class _Evictor:
     """What the budget may delete: quarantined files first, then indexed records."""
 
@@ -349,16 +355,18 @@ class RecordStore:
         """get_into for many records, spread over the I/O threads."""
         if len(keys) != len(outs) or self._closed:
             return [False] * len(keys)
-        self.counters.add("gets", len(keys))
+        filenames = [record_filename(key) for key in keys]
         results = self._parallel(
-            lambda i: self._read_guarded(namespace, keys[i], outs[i]), len(keys)
+            lambda i: self._read_guarded(namespace, keys[i], outs[i], filenames[i]), len(keys)
+        )
+        hits = results.count(True)
+        self.counters.add_many(
+            gets=len(keys),
+            hits=hits,
+            get_bytes=sum(_nbytes(out) for out, ok in zip(outs, results, strict=True) if ok),
         )
         self.index.touch_many_head_last(
-            [
-                (namespace.dirname, record_filename(k))
-                for k, ok in zip(keys, results, strict=True)
-                if ok
-            ]
+            [(namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok]
         )
         self._persist_counters()
         return results
@@ -378,11 +386,15 @@ class RecordStore:
 
     def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
         """Reads and verifies a record completely, without keeping its bytes."""
-        return self._read_guarded(namespace, key, bytearray(expected_size))
+        ok = self._read_guarded(namespace, key, bytearray(expected_size))
+        self.counters.add_many(gets=1, hits=int(ok))
+        return ok
 
-    def _read_guarded(self, namespace: Namespace, key: str, out) -> bool:
+    def _read_guarded(self, namespace: Namespace, key: str, out, filename=None) -> bool:
+        """One read; False on a miss of any kind (counted here; hits are counted by the
+        caller, once per batch)."""
         try:
-            self.reader.read_into(namespace, key, out)
+            self.reader.read_into(namespace, key, out, filename)
         except FileNotFoundError:
             self.counters.add("misses")
             return False
@@ -401,8 +413,6 @@ class RecordStore:
                 "read-bug", "galahad: unexpected read failure: %r", error, exc_info=True
             )
             return False
-        self.counters.add("hits")
-        self.counters.add("get_bytes", sum(len(s) for s in fmt.as_segments(out)))
         return True
 
     def _on_bad_record(self, namespace: Namespace, key: str, error: fmt.FormatError) -> None:
