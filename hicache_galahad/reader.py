@@ -211,6 +211,9 @@ class RecordReader:
         if not header.compressed and not header.encrypted:
             self._read_plain_into(fd, header, header_bytes, segments)
             return
+        if header.encrypted and not header.compressed:
+            self._read_sealed_into(fd, header, header_bytes, segments, namespace)
+            return
         body = memoryview(self._read_decoded(fd, header, header_bytes, namespace)).cast("B")
         offset = 0
         for segment in segments:
@@ -226,6 +229,31 @@ class RecordReader:
         if header.encrypted:
             self._key_proven.add(namespace.dirname)
         return body
+
+    def _read_sealed_into(self, fd, header, header_bytes, segments, namespace) -> None:
+        """An encrypted record decrypted in place: the ciphertext is read straight into the
+        caller's buffers and decrypted there (no temporary, no second copy). The buffers hold
+        unauthenticated bytes until the tag verifies; on a failure the caller gets a miss."""
+        cipher = self.codec.cipher(namespace.tenant)
+        if cipher is None:
+            raise fmt.AuthenticationError("encrypted record and no key for it")
+        tag = bytearray(fmt.TAG_BYTES)
+        position = header.header_len
+        for batch in _read_batches(segments):
+            expected = sum(len(piece) for piece in batch)
+            if os.preadv(fd, batch, position) != expected:
+                raise fmt.LengthMismatchError("record shrank while being read")
+            position += expected
+        if os.preadv(fd, [tag], position) != fmt.TAG_BYTES:
+            raise fmt.LengthMismatchError("record shrank while being read")
+        decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
+        for segment in segments:
+            _decrypt_in_place(decryptor, segment)
+        try:
+            decryptor.finalize()
+        except InvalidTag:
+            raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
+        self._key_proven.add(namespace.dirname)
 
     def _read_plain_into(self, fd, header, header_bytes, segments) -> None:
         """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
@@ -296,6 +324,20 @@ class RecordReader:
                 raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
         if decoded_len != header.raw_len:
             raise fmt.DecompressionError("payload does not decode to exactly its raw length")
+
+
+def _decrypt_in_place(decryptor, segment: memoryview) -> None:
+    """Decrypts `segment` in place. The library asks for an output buffer 15 bytes longer
+    than its input, so all but the last 16 bytes are decrypted over themselves (the 15 bytes
+    after them are ciphertext not yet read, and untouched: GCM writes exactly what it reads)
+    and the last 16 through a small buffer."""
+    size = len(segment)
+    tail_start = max(0, size - 16)
+    if tail_start:
+        decryptor.update_into(segment[:tail_start], segment[: tail_start + 15])
+    tail = bytearray(size - tail_start + 15)
+    written = decryptor.update_into(bytes(segment[tail_start:]), tail)
+    segment[tail_start:] = tail[:written]
 
 
 class _PayloadSource:
