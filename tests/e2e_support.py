@@ -13,6 +13,12 @@ Typical use::
         second = generate(server, list(range(10, 53)), max_new_tokens=4)
         assert second.storage_tokens == 40
 
+With GalahadStorage as the L3: ``galahad_args(root)`` gives the flags, ``galahad_config(root)`` the
+extra config alone (also what tests/sglang_pools.py loads in-process), and ``assert_cached``,
+``assert_same_output`` and ``assert_storage_healthy`` check a result and a server's log. The
+store's files on disk: tests/records.py. The model fixtures (``tiny_model``, ``hybrid_model``):
+tests/conftest.py. Import-only.
+
 Every server is started in its own process group and ``Server.stop()`` kills the whole group
 (SIGTERM, then SIGKILL), so no scheduler or detokenizer child survives a test. Servers still
 running when the interpreter exits are stopped by an ``atexit`` hook.
