@@ -129,6 +129,11 @@ class GalahadStorage(HiCacheStorage):
             self.model_name if os.path.isdir(self.model_name) or not model_path else model_path,
         )
         self.store = RecordStore(self.options.store)
+        if self.options.mooncake is not None:
+            from .mooncake_tier import MooncakeTier
+            from .tiered import TieredStore
+
+            self.store = TieredStore(self.store, MooncakeTier(self.options.mooncake, log))
         self.counters = self.store.counters  # one set of counters: persisted and exported
         self.exporter = (
             Exporter(self.options.tenant)

@@ -12,6 +12,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import ConfigError
+from .mooncake_options import MooncakeConfigError, MooncakeOptions
 from .units import parse_bytes
 
 # Keys SGLang reads (and keeps or pops) itself; we accept and ignore them.
@@ -179,6 +180,7 @@ class GalahadOptions:
     store: StoreOptions
     tenant: str = "default"
     model_fingerprint: str | None = None
+    mooncake: MooncakeOptions | None = None  # the shared tier; None: local disk only
 
     def __post_init__(self):
         _name("tenant", self.tenant)
@@ -199,7 +201,7 @@ _STORE_KEYS = (
     "io_threads",
 )
 _NULLABLE_KEYS = frozenset({"max_bytes", "encryption_key_file"})
-EXTRA_CONFIG_KEYS = frozenset(_STORE_KEYS) | {"tenant", "model_fingerprint"}
+EXTRA_CONFIG_KEYS = frozenset(_STORE_KEYS) | {"tenant", "model_fingerprint", "mooncake"}
 
 
 def parse_options(extra_config: dict | None) -> GalahadOptions:
@@ -225,4 +227,11 @@ def parse_options(extra_config: dict | None) -> GalahadOptions:
     backend = {key: config[key] for key in ("tenant",) if key in config}
     if config.get("model_fingerprint") is not None:
         backend["model_fingerprint"] = config["model_fingerprint"]
+    if config.get("mooncake") is not None:
+        if not isinstance(config["mooncake"], dict):
+            _fail("mooncake", config["mooncake"], "an object of Mooncake setup() parameters")
+        try:
+            backend["mooncake"] = MooncakeOptions.from_config(config["mooncake"])
+        except MooncakeConfigError as error:
+            raise ConfigError(f"hicache_galahad option 'mooncake': {error}") from None
     return GalahadOptions(store=StoreOptions(**store), **backend)

@@ -1,0 +1,175 @@
+"""Local disk first, then a shared Mooncake Store cluster: one memory for many servers.
+
+`TieredStore` offers the RecordStore verbs the adapter uses. Reads try the local store, then
+Mooncake for what it missed. A Mooncake value is our full record (header, key echo, digest or
+AES-GCM tag), so it is verified with exactly the rules of a record on disk: a value written by
+a buggy or hostile client, a stale one, or one of another tenant, model, layout, dtype or rank
+is a miss (and removed from Mooncake, so that a good value can take its place). A verified
+value is copied into the caller's page and written through to the local disk. Writes go to the
+local disk, then asynchronously to Mooncake through the tier's bounded queue.
+
+Mooncake is a cache that can lose anything at any time, and its failures are misses or skipped
+writes: the tier never raises and never blocks past its timeout (mooncake_tier.py).
+"""
+
+from __future__ import annotations
+
+import logging
+
+from . import format as fmt
+from .metrics import RateLimitedLog
+from .namespace import Namespace
+from .store import RecordStore
+
+log = logging.getLogger("hicache_galahad")
+KEY_PREFIX = "galahad"
+RECORD_OVERHEAD_BYTES = fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES + fmt.TAG_BYTES + (1 << 16)
+
+
+def shared_key(namespace: Namespace, key: str) -> str:
+    """The Mooncake key of a record: its namespace (tenant, model, pool geometry, rank) and
+    its own key. Only a naming convention: the value itself is verified on every read."""
+    return f"{KEY_PREFIX}/{namespace.dirname}/{key}"
+
+
+def _value_bound(raw_len: int) -> int:
+    return raw_len + (raw_len >> 7) + RECORD_OVERHEAD_BYTES
+
+
+class TieredStore:
+    def __init__(self, local: RecordStore, tier):
+        self.local = local
+        self.tier = tier
+        self.counters = local.counters
+        self._warn = RateLimitedLog(log)
+
+    def __getattr__(self, name):  # every other verb is the local store's
+        return getattr(self.local, name)
+
+    # ------------------------------------------------------------- lookups
+
+    def contains(self, namespace: Namespace, key: str) -> bool:
+        if self.local.contains(namespace, key):
+            return True
+        return self.tier.exists_many([shared_key(namespace, key)])[0]
+
+    def leading_run(self, namespace: Namespace, keys: list) -> int:
+        present = self.local.leading_run(namespace, keys)
+        if present == len(keys) or not self.tier.available:
+            return present
+        shared = self.tier.exists_many([shared_key(namespace, key) for key in keys[present:]])
+        for found in shared:
+            if not found:
+                break
+            present += 1
+        return present
+
+    # ------------------------------------------------------------- reads
+
+    def get_many_into(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
+        results = self.local.get_many_into(namespace, keys, outs)
+        missing = [index for index, ok in enumerate(results) if not ok]
+        if missing and self.tier.available:
+            fetched = self._fetch(namespace, [keys[i] for i in missing], [outs[i] for i in missing])
+            for index, ok in zip(missing, fetched, strict=True):
+                results[index] = ok
+        return results
+
+    def get_into(self, namespace: Namespace, key: str, out) -> bool:
+        return self.get_many_into(namespace, [key], [out])[0]
+
+    def get(self, namespace: Namespace, key: str, expected_size: int) -> bytes | None:
+        buffer = bytearray(expected_size)
+        return bytes(buffer) if self.get_into(namespace, key, buffer) else None
+
+    def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
+        return self.get_into(namespace, key, bytearray(expected_size))
+
+    def _fetch(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
+        """Reads `keys` from Mooncake into `outs`; verifies, copies, writes through."""
+        segments = [fmt.as_segments(out) for out in outs]
+        sizes = [sum(len(piece) for piece in pieces) for pieces in segments]
+        values = self.tier.get_many(
+            [shared_key(namespace, key) for key in keys], [_value_bound(size) for size in sizes]
+        )
+        results, through_keys, through_raws = [], [], []
+        for key, pieces, size, value in zip(keys, segments, sizes, values, strict=True):
+            raw = self._verified(namespace, key, value, size) if value else None
+            if raw is None:
+                results.append(False)
+                continue
+            offset = 0
+            for piece in pieces:
+                piece[:] = raw[offset : offset + len(piece)]
+                offset += len(piece)
+            results.append(True)
+            through_keys.append(key)
+            through_raws.append(raw)
+        hits = len(through_keys)
+        self.counters.add_many(mooncake_hits=hits, mooncake_misses=len(keys) - hits)
+        if through_keys:
+            written = self.local.put_many(namespace, through_keys, through_raws)
+            self.counters.add("mooncake_written_through", written.count(True))
+        return results
+
+    def _verified(self, namespace: Namespace, key: str, value, size: int):
+        """The raw page in a Mooncake value, after every rule of docs/FORMAT.md; None if it
+        breaks any (the value is then removed from Mooncake)."""
+        codec = self.local.codec
+        try:
+            return memoryview(
+                fmt.decode_record(
+                    value,
+                    key=fmt.encode_key(key),
+                    namespace=namespace.digest,
+                    expected_raw_len=size,
+                    cipher=codec.cipher(namespace.tenant),
+                    decompress=codec.decompress,
+                    require_encryption=codec.encrypted,
+                    allow_unverified=codec.allow_unverified,
+                )
+            ).cast("B")
+        except fmt.FormatError as error:
+            self.counters.add_many(mooncake_bad_values=1, **{f"failed_{error.rule}": 1})
+            self._warn.warning(
+                f"mooncake-{error.rule}",
+                "galahad: Mooncake value of %s failed %s (%s): a miss, removed from Mooncake",
+                key,
+                error.rule,
+                error,
+            )
+            self.tier.remove(shared_key(namespace, key))
+            return None
+
+    # ------------------------------------------------------------- writes
+
+    def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
+        results = self.local.put_many(namespace, keys, datas)
+        if self.tier.available:
+            for key, data, ok in zip(keys, datas, results, strict=True):
+                if ok:
+                    self._share(namespace, key, data)
+        return results
+
+    def put(self, namespace: Namespace, key: str, data) -> bool:
+        return self.put_many(namespace, [key], [data])[0]
+
+    def _share(self, namespace: Namespace, key: str, data) -> None:
+        header, chunks = self.local.codec.encode(namespace, fmt.encode_key(key), data)
+        value = b"".join([header, *chunks])
+        if self.tier.put_async(shared_key(namespace, key), value):
+            self.counters.add("mooncake_puts_queued")
+        else:
+            self.counters.add("mooncake_puts_dropped")
+
+    # ------------------------------------------------------------- admin
+
+    def stats(self) -> dict:
+        shared = {f"mooncake_tier_{name}": value for name, value in self.tier.counters().items()}
+        return self.local.stats() | shared
+
+    def close(self) -> None:
+        try:
+            self.tier.close()
+        finally:
+            self.local.close()
