@@ -44,8 +44,9 @@ HARNESS_ENV = {
 MEASURED_MATRIX = {63: 0, 64: 0, 65: 64, 127: 64, 128: 0, 129: 128, 191: 128, 192: 0, 193: 192}
 
 
-def hybrid_args(root: Path, track_interval: int = INTERVAL) -> list[str]:
-    config = e2e.galahad_config(root, interface_v1=1)
+def hybrid_args(root: Path, track_interval: int = INTERVAL, **options) -> list[str]:
+    """Server flags for the tiny hybrid model; `options` go into the extra config."""
+    config = e2e.galahad_config(root, interface_v1=1, **options)
     return [
         "--max-total-tokens", "4096", "--skip-server-warmup", "--disable-cuda-graph",
         "--dtype", "float32", "--max-mamba-cache-size", "64",
