@@ -42,6 +42,7 @@ from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E40
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
 from bench.bench_store import machine  # noqa: E402
+from bench.cold_cache import drop_cache, plain_read  # noqa: E402
 
 # (layers, page tokens, kv heads, head dim) giving 32 KiB and 8 MiB bf16 pages
 GEOMETRIES = {"32 KiB": (4, 16, 2, 32), "8 MiB": (32, 64, 8, 64)}
@@ -111,34 +112,6 @@ def _galahad(host, work: str, name: str, **options):
     backend.register_mem_pool_host(host)
     backend.register_mem_host_pool_v2(host, PoolName.KV)
     return backend
-
-
-def drop_cache(directory: str) -> None:
-    """Flushes, then drops from the page cache every file under `directory` (a cold read)."""
-    os.sync()
-    for folder, _, names in os.walk(directory):
-        for name in names:
-            try:
-                fd = os.open(os.path.join(folder, name), os.O_RDONLY)
-            except OSError:
-                continue
-            try:
-                os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            finally:
-                os.close(fd)
-
-
-def plain_read(directory: str) -> int:
-    """Reads every file under `directory` once, sequentially, into one buffer: the disk's
-    rate for these bytes, with no checks and no copies into host memory."""
-    total = 0
-    buffer = bytearray(16 << 20)
-    for folder, _, names in sorted(os.walk(directory)):
-        for name in sorted(names):
-            with open(os.path.join(folder, name), "rb", buffering=0) as handle:
-                while read := handle.readinto(buffer):
-                    total += read
-    return total
 
 
 def run_geometry(label, layers, page_tokens, heads, head_dim, args, rounds, work) -> None:
