@@ -3,9 +3,10 @@
 Loaded by SGLang with `--hicache-storage-backend dynamic` and the extra config
 `{"backend_name": "galahad", "module_path": "hicache_galahad", "class_name": "GalahadStorage",
 ...}` (docs/CONFIG.md). SGLang calls it from its prefetch and backup threads concurrently, one
-instance per rank. An exception in those threads would disable storage for the life of the
-process, so every method SGLang calls runs under `_never_raise`: any failure, including a
-malformed argument, becomes a miss or a False of the right length.
+instance per rank. SGLang 0.5.23 catches an exception from a backend call, logs it and counts
+the whole query or batch as missed (older releases lost the storage thread itself), so every
+method SGLang calls runs under `_never_raise`: any failure, including a malformed argument,
+becomes a miss or a False of the right length, for the pages concerned only.
 
 The work is done elsewhere: binding.py (pools to namespaces), transfer.py (pages to and from
 host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), store.py.

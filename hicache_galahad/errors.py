@@ -5,7 +5,7 @@
         KeyFileError       the encryption key file is missing, malformed or too open
         FingerprintError   the model's weights cannot be identified
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
-        (one subclass per rule V1..V16, in format.py)
+        (one subclass per rule V0..V16, in format.py)
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """

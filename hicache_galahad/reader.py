@@ -272,6 +272,24 @@ class RecordReader:
         if hasher is not None and hasher.digest() != header.digest:
             raise fmt.DigestMismatchError("digest mismatch")
 
+    def decode_value(self, namespace: Namespace, key: str, value, expected_raw_len: int):
+        """The raw page of a whole record held in memory (a value from a shared tier), after
+        the same rules as a record on disk (V1-V16); raises format.FormatError."""
+        codec = self.codec
+        raw = fmt.decode_record(
+            value,
+            key=fmt.encode_key(key),
+            namespace=namespace.digest,
+            expected_raw_len=expected_raw_len,
+            cipher=codec.cipher(namespace.tenant),
+            decompress=codec.decompress,
+            require_encryption=codec.encrypted,
+            allow_unverified=codec.allow_unverified,
+        )
+        if codec.encrypted:
+            self._key_proven.add(namespace.dirname)
+        return memoryview(raw).cast("B")
+
     # ------------------------------------------------------------- checking files on disk
 
     def verify_file(self, entry: FileEntry, namespace: Namespace | None) -> fmt.Header:

@@ -9,7 +9,11 @@ The public verbs of the store; each job is done by its own module:
     budget.py      the cap and the free-space floor; eviction policy
     quarantine.py  damaged records moved aside
     checker.py     `check`: every record verified with the reader's rules
+    flusher.py     deferred durability: published records fsynced in the background
     ledger.py      the byte count shared by every process on the root
+    eviction.py    the LRU order of the records this process knows
+    lifetime.py    counters and settings persisted for `galahad stats`
+    metrics.py     counters and rate-limited warnings
 
 Every public method is safe to call from many threads and from several processes on one
 root. Data errors never raise: a read that fails any check is a miss (counted, quarantined,

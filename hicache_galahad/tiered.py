@@ -19,6 +19,7 @@ import logging
 from . import format as fmt
 from .metrics import RateLimitedLog
 from .namespace import Namespace
+from .reader import reader_may_be_wrong
 from .store import RecordStore
 
 log = logging.getLogger("hicache_galahad")
@@ -43,8 +44,22 @@ class TieredStore:
         self.counters = local.counters
         self._warn = RateLimitedLog(log)
 
-    def __getattr__(self, name):  # every other verb is the local store's
-        return getattr(self.local, name)
+    # What the adapter uses of the store that involves no shared page: the local store's.
+    @property
+    def root(self) -> str:
+        return self.local.root
+
+    @property
+    def max_bytes(self) -> int | None:
+        return self.local.max_bytes
+
+    def register_namespace(self, namespace: Namespace) -> Namespace:
+        return self.local.register_namespace(namespace)
+
+    def clear_namespace(self, namespace: Namespace) -> int:
+        """Clears the local records only: Mooncake cannot list a namespace's keys (its values
+        age out; a value no one reads is evicted first)."""
+        return self.local.clear_namespace(namespace)
 
     # ------------------------------------------------------------- lookups
 
@@ -113,32 +128,27 @@ class TieredStore:
         return results
 
     def _verified(self, namespace: Namespace, key: str, value, size: int):
-        """The raw page in a Mooncake value, after every rule of docs/FORMAT.md; None if it
-        breaks any (the value is then removed from Mooncake)."""
-        codec = self.local.codec
+        """The raw page in a Mooncake value, after every rule of docs/FORMAT.md (the local
+        reader's own decision); None if it breaks any. A value that is surely bad is removed
+        from Mooncake, so a good one can take its place; one that only this reader's settings
+        may refuse (another key, plaintext in an encrypted store, another page size) is left
+        for the readers it suits."""
+        reader = self.local.reader
         try:
-            return memoryview(
-                fmt.decode_record(
-                    value,
-                    key=fmt.encode_key(key),
-                    namespace=namespace.digest,
-                    expected_raw_len=size,
-                    cipher=codec.cipher(namespace.tenant),
-                    decompress=codec.decompress,
-                    require_encryption=codec.encrypted,
-                    allow_unverified=codec.allow_unverified,
-                )
-            ).cast("B")
+            return reader.decode_value(namespace, key, value, size)
         except fmt.FormatError as error:
             self.counters.add_many(mooncake_bad_values=1, **{f"failed_{error.rule}": 1})
+            keep = reader_may_be_wrong(error, reader.key_proven(namespace.dirname))
             self._warn.warning(
                 f"mooncake-{error.rule}",
-                "galahad: Mooncake value of %s failed %s (%s): a miss, removed from Mooncake",
+                "galahad: Mooncake value of %s failed %s (%s): a miss%s",
                 key,
                 error.rule,
                 error,
+                "" if keep else ", removed from Mooncake",
             )
-            self.tier.remove(shared_key(namespace, key))
+            if not keep:
+                self.tier.remove(shared_key(namespace, key))
             return None
 
     # ------------------------------------------------------------- writes

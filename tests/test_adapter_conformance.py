@@ -8,8 +8,9 @@ for ALL_PAGES and TRAILING_PAGES (windows 1 and 2) pools.
 Intentional differences are tested separately at the end of this file, each asserting what
 HiCacheFile does and what GalahadStorage does instead:
   D1 damaged bytes: HiCacheFile serves them as a hit; Galahad reports a miss (and quarantines).
-  D2 truncated file: HiCacheFile.get raises (which would kill SGLang's prefetch thread);
-     Galahad reports a miss.
+  D2 truncated file: HiCacheFile.get raises; SGLang 0.5.23's cache controller catches that in
+     _page_transfer, logs it and counts the whole batch of pages as missed. Galahad reports a
+     miss for that page only.
   D3 a damaged record is never healed by HiCacheFile (set skips existing files); Galahad
      quarantines it on read, so the next set writes a fresh record.
   D4 unknown hit policy (BLOCK_GROUPS): HiCacheFile.batch_exists_v2 raises ValueError; Galahad

@@ -214,3 +214,25 @@ def test_a_full_mooncake_drops_writes_without_failing_them(tmp_path, cluster):
         assert writer.batch_get_v1(first, slots) == [True] * pages  # served from local disk
     finally:
         writer.close()
+
+
+def test_a_value_only_this_readers_settings_refuse_is_left_for_others(tmp_path, cluster):
+    """A plaintext value read by an encrypted server (the namespace does not name encryption)
+    is a miss for it, but stays in Mooncake for the plaintext servers it suits."""
+    key_file = tmp_path / "master.key"
+    key_file.write_bytes(os.urandom(32))
+    key_file.chmod(0o600)
+    backend, kv, _ = node_b(tmp_path, cluster, encryption_key_file=str(key_file))
+    raw_client = RawClient(cluster)
+    try:
+        namespace = backend.binder.kv().namespace
+        key = chain_keys(1, "plaintext")[0]
+        page = bytes(page_bytes(mha_pool(seed=1), 0).numpy())
+        assert raw_client.replace(shared_key(namespace, key), _record(namespace, key, page)) == 0
+        assert backend.batch_get_v1([key], slots_of([10], 4)) == [False]
+        assert backend.stats()["failed_V12"] == 1
+        time.sleep(1)
+        assert raw_client.exists(shared_key(namespace, key))
+    finally:
+        raw_client.close()
+        backend.close()
