@@ -491,9 +491,12 @@ def index_in_memory(docs, params: RankParams | None = None) -> float:
     ranker, next_id = Ranker(params), 0
     for _, text in docs:
         data = text.encode()
+        batch = []
         for section in segment(data):
-            ranker.add(next_id, data[section.start : section.end].decode(), section.headings)
+            batch.append((next_id, data[section.start : section.end].decode(), section.headings))
             next_id += 1
+        ranker.add_many(batch)
+    ranker.prepare()  # what the first search would do
     return time.perf_counter() - started
 
 

@@ -122,16 +122,17 @@ class Blaise:
 
     def _index(self, doc_id, key, manifest, texts) -> None:
         self._manifests[doc_id] = (key, manifest)
-        ids, openings = [], []
+        ids, openings, batch = [], [], []
         for number, (ref, text) in enumerate(zip(manifest.sections, texts, strict=True), 1):
             openings.append((ref.headings, prompt_mod.opening_words(text or "")))
             if text is None:
                 continue
             section_id = self._next_id
             self._next_id += 1
-            self._ranker.add(section_id, text, ref.headings)
+            batch.append((section_id, text, ref.headings))
             self._entries[section_id] = _Entry(doc_id, number, ref)
             ids.append(section_id)
+        self._ranker.add_many(batch)
         self._ids_of[doc_id] = ids
         self._openings[doc_id] = openings
 

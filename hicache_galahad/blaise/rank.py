@@ -17,17 +17,16 @@ are kept live, so sections can be added and removed without a rebuild.
 
 from __future__ import annotations
 
-import heapq
 import math
 import re
-from collections import Counter, defaultdict
-from collections.abc import KeysView
+from collections import Counter
 from dataclasses import dataclass
 from itertools import chain
 
+import numpy as np
 import Stemmer
 
-from . import answer
+from . import answer, attributes
 
 _STOP_WORDS_TEXT = """
 a about above after again against all also am an and any are aren't as at be because been
@@ -54,51 +53,158 @@ class RankParams:
     heading_weight: float = 2.0
     sentence_weight: float = 1.0
     answer_weight: float = 0.5  # times the question's total IDF
+    attribute_weight: float = 0.5  # times the question's total IDF
     candidates: int = 12  # sections whose sentences are scored
 
 
+_KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
+# One pass per text (bytes.translate, at C speed): ASCII letters lower-cased, other ASCII marks
+# to spaces, non-ASCII bytes kept, so `split` gives runs of word bytes. A run with a non-ASCII
+# mark in it ("1939–1945") is split by `\w+` when the analyzer first sees it, so the terms
+# are exactly those of `\w+` over the lower-cased text.
+_FOLD = bytes((c + 32 if 65 <= c <= 90 else c if c in _KEEP else 32) for c in range(256))
+_SEPARATOR = b"\xff"  # never in UTF-8: between the texts of one batch
+_STOP, _CUT = -1, -2  # word codes besides term ids; a code <= -3 is a run of several words
+
+
+# answer types that are not measurable attributes (a person, a place, a date)
+_NOT_ATTRIBUTES = (answer.AnswerType.PERSON, answer.AnswerType.PLACE, answer.AnswerType.YEAR)
+_CAPITALIZED = re.compile(r"(?<!^)(?<![.!?] )\b[A-Z]\w*")
+
+
+def _common_words(text: str) -> str:
+    """`text` without its capitalized words (names), except a sentence's first word."""
+    return _CAPITALIZED.sub(" ", text.strip())
+
+
 class Analyzer:
-    """Text to terms: lower case, words, stop words out, Snowball English stems. Stems are
-    cached per word, so a corpus is stemmed once per distinct word."""
+    r"""Text to terms: lower case, `\w+` words, stop words out, Snowball English stems.
+
+    Terms are small integers (`term_ids`; `term(i)` gives the stem). Every distinct word is
+    analysed once and cached (its bytes -> a code), so a batch of texts costs one translate,
+    one split and one look-up per word (numpy gathers the codes), plus one stemmer call for the
+    words it has not seen."""
 
     def __init__(self) -> None:
         self._stemmer = Stemmer.Stemmer("english", 0)  # no cache of its own: ours is faster
-        self._stems: dict[str, str] = {}  # word -> stem ("" for a stop word)
+        self._codes: dict[bytes, int] = {_SEPARATOR: _CUT}  # word -> term id or code
+        self._runs: list[tuple[int, ...]] = []  # code -3 - i -> the term ids of run i
+        self._ids: dict[str, int] = {}  # stem -> term id
+        self._stems: list[str] = []  # term id -> stem, completed lazily from _ids
+
+    def term(self, term_id: int) -> str:
+        if term_id >= len(self._stems):
+            self._stems = list(self._ids)
+        return self._stems[term_id]
+
+    def known(self, stem: str) -> int | None:
+        return self._ids.get(stem)
 
     def terms(self, text: str) -> list[str]:
-        return self.sentence_terms([text])[0]
+        return [self.term(i) for i in self.term_ids(text)]
 
-    def sentence_terms(self, texts: list[str]) -> list[list[str]]:
-        """The terms of each text (one stemmer call for all their new words)."""
-        word_lists = [_WORD.findall(text.lower()) for text in texts]
-        stems = self._stems
-        new = list(set(chain.from_iterable(word_lists)).difference(stems))
+    def term_ids(self, text: str | bytes) -> list[int]:
+        return self.batch([text])[0].tolist()
+
+    def batch(self, texts) -> list[np.ndarray]:
+        """The term ids (int32) of each text (str or UTF-8 bytes), in order."""
+        if not texts:
+            return []
+        blob = b" \xff ".join(t if isinstance(t, bytes) else t.encode() for t in texts)
+        words = blob.translate(_FOLD).split()
+        codes = self._codes
+        new = set(words).difference(codes)
         if new:
-            for word, stem in zip(new, self._stemmer.stemWords(new), strict=True):
-                stems[word] = "" if word in STOP_WORDS else stem
-        lookup = stems.__getitem__
-        return [list(filter(None, map(lookup, words))) for words in word_lists]
+            self._learn(new)
+        ids = np.fromiter(map(codes.__getitem__, words), dtype=np.int32, count=len(words))
+        if len(self._runs) and (ids <= -3).any():
+            ids = self._expand(ids)
+        ids = ids[ids != _STOP]
+        cuts = np.flatnonzero(ids == _CUT)
+        parts = np.split(ids, cuts)
+        return parts[:1] + [part[1:] for part in parts[1:]]
+
+    def _expand(self, ids: np.ndarray) -> np.ndarray:
+        at = np.flatnonzero(ids <= -3)
+        runs = [self._runs[-3 - int(code)] for code in ids[at]]
+        sizes = np.ones(len(ids), dtype=np.int64)
+        sizes[at] = [len(run) for run in runs]
+        out = np.repeat(ids, sizes)
+        starts = np.cumsum(sizes) - sizes
+        for start, run in zip(starts[at].tolist(), runs, strict=True):
+            out[start : start + len(run)] = run
+        return out
+
+    def _learn(self, new: set[bytes]) -> None:
+        """Codes for new words: plain ASCII words in bulk, the others one by one."""
+        plain = [word for word in new if word.isascii()]
+        texts = b"\n".join(plain).decode("ascii").split("\n") if plain else []
+        runs = {}
+        for word in new:
+            if not word.isascii():
+                found = _WORD.findall(word.decode("utf-8", "replace").lower())
+                runs[word] = [w for w in found if w not in STOP_WORDS]
+        others = list(set(chain.from_iterable(runs.values())).difference(texts))
+        stems = self._stemmer.stemWords(texts + others)
+        ids = self._ids
+        term_ids = [ids.setdefault(stem, len(ids)) for stem in stems]
+        codes = self._codes
+        codes.update(zip(plain, term_ids, strict=False))
+        for word in STOP_WORDS.intersection(texts):
+            codes[word.encode()] = _STOP
+        if runs:
+            id_of = dict(zip(texts + others, term_ids, strict=True))
+            for word, found in runs.items():
+                run = tuple(id_of[w] for w in found)
+                if len(run) == 1:
+                    codes[word] = run[0]
+                elif not run:
+                    codes[word] = _STOP
+                else:
+                    codes[word] = -3 - len(self._runs)
+                    self._runs.append(run)
+
+
+def _analyse_many(texts: list[str]) -> list[list[str]]:
+    analyzer = Analyzer()
+    return [[analyzer.term(i) for i in ids.tolist()] for ids in analyzer.batch(texts)]
 
 
 @dataclass(slots=True)
 class _Indexed:
     text: str
-    terms: KeysView[str]  # distinct terms of the section, headings included
+    term_ids: np.ndarray  # the body's terms in order, then the heading path's
+    weights: np.ndarray | None  # per term: 1, or heading_weight for the heading's (None: all 1)
+    length: float  # body terms + heading_weight x heading terms
     num_terms: int  # terms of the body
     num_sentences: int  # an estimate made at indexing (for the average sentence length)
-    sentences: list[tuple[list[str], str]] | None = None  # (terms, text) once first scored
+    sentences: list[tuple[list[int], str]] | None = None  # (terms, text) once first scored
+
+
+@dataclass(slots=True)
+class _Corpus:
+    """Every indexed section's terms in one array, for a question's single scan."""
+
+    ids: np.ndarray  # section ids, in index order
+    term_ids: np.ndarray
+    owner: np.ndarray  # index (into ids) of the section each term belongs to
+    weights: np.ndarray | None
+    lengths: np.ndarray
 
 
 class Ranker:
-    """Sections (integer ids) indexed for `search`; add and remove at any time."""
+    """Sections (integer ids) indexed for `search`; add and remove at any time.
+
+    Indexing keeps each section's term ids (one int32 per word); a question scans them all at
+    once (numpy) for its few terms, so there are no postings to build or maintain: the index
+    is the analysed text. The scan is linear in the corpus (75,000 words here: well under a
+    millisecond)."""
 
     def __init__(self, params: RankParams | None = None, analyzer: Analyzer | None = None):
         self.params = params or RankParams()
         self.analyzer = analyzer or Analyzer()
-        self._postings: defaultdict[str, dict[int, float]] = defaultdict(dict)  # term -> {id: tf}
-        self._lengths: dict[int, float] = {}
-        self._total_length = 0.0
         self._sections: dict[int, _Indexed] = {}
+        self._corpus: _Corpus | None = None  # built on the first search after a change
         self._num_sentences = 0
         self._sentence_terms = 0
 
@@ -109,95 +215,167 @@ class Ranker:
         return section in self._sections
 
     def add(self, section: int, text: str, headings: tuple[str, ...] = ()) -> None:
-        """Indexes a section's terms. Its sentences are analyzed when a question first makes
-        it a candidate (most never are), which keeps indexing to one pass over the text."""
-        if section in self._sections:
-            raise KeyError(f"section {section} is already indexed")
-        body = self.analyzer.terms(text)
-        counts: Counter[str] = Counter(body)
-        length = float(len(body))
-        if headings:
-            for term in self.analyzer.terms(" ".join(headings)):
-                counts[term] += self.params.heading_weight  # type: ignore[assignment]
-                length += self.params.heading_weight
-        postings = self._postings
-        for term, tf in counts.items():
-            postings[term][section] = tf
-        self._lengths[section] = length
-        self._total_length += length
-        num_sentences = 1 + sum(map(text.count, _SENTENCE_ENDS))
-        self._sections[section] = _Indexed(text, counts.keys(), len(body), num_sentences)
-        self._num_sentences += num_sentences
-        self._sentence_terms += len(body)
+        """Indexes a section's terms (see `add_many`)."""
+        self.add_many([(section, text, headings)])
+
+    def add_many(self, sections) -> None:
+        """Indexes sections given as (id, text, heading path), analysed in one batch. Their
+        sentences are analysed when a question first makes a section a candidate (most never
+        are), which keeps indexing to one pass over the text."""
+        sections = list(sections)
+        seen = set()
+        for section, _, _ in sections:
+            if section in self._sections or section in seen:
+                raise KeyError(f"section {section} is already indexed")
+            seen.add(section)
+        if not sections:
+            return
+        heading_weight = self.params.heading_weight
+        texts = [text for _, text, _ in sections]
+        headed = [i for i, (_, _, h) in enumerate(sections) if h and heading_weight]
+        analysed = self.analyzer.batch(texts + [" ".join(sections[i][2]) for i in headed])
+        heading_terms = dict(zip(headed, analysed[len(texts) :], strict=True))
+        for index, (section, text, _) in enumerate(sections):
+            body = analysed[index]
+            num_terms = len(body)
+            weights, length = None, float(num_terms)
+            heading = heading_terms.get(index)
+            if heading is not None and len(heading):
+                weights = np.ones(num_terms + len(heading), dtype=np.float32)
+                weights[num_terms:] = heading_weight
+                body = np.concatenate((body, heading))
+                length += heading_weight * len(heading)
+            num_sentences = 1 + sum(map(text.count, _SENTENCE_ENDS))
+            self._sections[section] = _Indexed(
+                text, body, weights, length, num_terms, num_sentences
+            )
+            self._num_sentences += num_sentences
+            self._sentence_terms += num_terms
+        self._corpus = None
 
     def remove(self, section: int) -> None:
         indexed = self._sections.pop(section, None)
         if indexed is None:
             return
-        self._total_length -= self._lengths.pop(section)
-        for term in indexed.terms:
-            posting = self._postings[term]
-            del posting[section]
-            if not posting:
-                del self._postings[term]
         self._num_sentences -= indexed.num_sentences
         self._sentence_terms -= indexed.num_terms
+        self._corpus = None
 
-    def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[str], str]]:
+    def prepare(self) -> None:
+        """Joins the sections' terms for searching (done by the first search otherwise)."""
+        if self._corpus is not None or not self._sections:
+            return
+        items = list(self._sections.items())
+        arrays = [indexed.term_ids for _, indexed in items]
+        sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
+        weights = None
+        if any(indexed.weights is not None for _, indexed in items):
+            weights = np.concatenate(
+                [
+                    np.ones(len(ix.term_ids), np.float32) if ix.weights is None else ix.weights
+                    for _, ix in items
+                ]
+            )
+        self._corpus = _Corpus(
+            ids=np.fromiter((section for section, _ in items), dtype=np.int64, count=len(items)),
+            term_ids=np.concatenate(arrays) if arrays else np.zeros(0, np.int32),
+            owner=np.repeat(np.arange(len(items), dtype=np.int64), sizes),
+            weights=weights,
+            lengths=np.fromiter((ix.length for _, ix in items), dtype=np.float64, count=len(items)),
+        )
+
+    def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[int], str]]:
         if indexed.sentences is None:
             parts = _SENTENCE.split(indexed.text)
-            terms_of = self.analyzer.sentence_terms(parts)
-            indexed.sentences = [(t, p) for t, p in zip(terms_of, parts, strict=True) if t]
+            terms_of = self.analyzer.batch(parts)
+            indexed.sentences = [
+                (t.tolist(), p) for t, p in zip(terms_of, parts, strict=True) if len(t)
+            ]
         return indexed.sentences
 
+    def _term_frequencies(self, terms: list[int]) -> tuple[_Corpus, np.ndarray]:
+        """(corpus, tf): tf[i, j] is the weighted count of terms[j] in section ids[i]."""
+        self.prepare()
+        corpus = self._corpus
+        assert corpus is not None
+        query = np.array(sorted(terms), dtype=np.int32)
+        where = np.flatnonzero(np.isin(corpus.term_ids, query))
+        column = np.searchsorted(query, corpus.term_ids[where])
+        cells = corpus.owner[where] * len(query) + column
+        weights = None if corpus.weights is None else corpus.weights[where]
+        tf = np.bincount(cells, weights=weights, minlength=len(corpus.ids) * len(query))
+        tf = tf.reshape(len(corpus.ids), len(query))
+        order = [int(np.searchsorted(query, term)) for term in terms]
+        return corpus, tf[:, order]
+
     def idf(self, term: str) -> float:
-        df = len(self._postings.get(term, ()))
+        term_id = self.analyzer.known(term)
+        if term_id is None or not self._sections:
+            return 0.0
+        _, tf = self._term_frequencies([term_id])
+        return self._idf(float(np.count_nonzero(tf[:, 0])))
+
+    def _idf(self, df: float) -> float:
         if not df:
             return 0.0
         return math.log(1.0 + (len(self._sections) - df + 0.5) / (df + 0.5))
 
     def search(self, question: str, k: int = 1) -> list[tuple[int, float]]:
         """The k best sections as (id, score), best first; ties go to the lower id."""
-        terms = list(dict.fromkeys(self.analyzer.terms(question)))
+        terms = list(dict.fromkeys(self.analyzer.term_ids(question)))
         if not terms or k < 1 or not self._sections:
             return []
-        idf = {term: self.idf(term) for term in terms}
-        scores = self._bm25(idf)
-        if not scores:
-            return []
+        corpus, tf = self._term_frequencies(terms)
+        df = np.count_nonzero(tf, axis=0)
+        idf = {term: self._idf(float(d)) for term, d in zip(terms, df, strict=True)}
         params = self.params
-        candidates = heapq.nlargest(
-            max(params.candidates, k), scores.items(), key=lambda kv: (kv[1], -kv[0])
+        k1, b = params.k1, params.b
+        average = float(corpus.lengths.sum()) / len(corpus.ids) or 1.0
+        norm = k1 * (1.0 - b + b * corpus.lengths / average)
+        weights = np.array([idf[term] for term in terms])
+        scores = (tf * (k1 + 1.0) / (tf + norm[:, None])) @ weights
+        hit = np.flatnonzero(tf.any(axis=1))
+        if not len(hit):
+            return []
+        ranked = sorted(
+            zip(corpus.ids[hit].tolist(), scores[hit].tolist(), strict=True),
+            key=lambda kv: (-kv[1], kv[0]),
         )
+        candidates = ranked[: max(params.candidates, k)]
         wanted = answer.question_type(question)
+        asked: dict[str, float] = {}
+        if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
+            lexicon = attributes.lexicon(_analyse_many)
+            asked = lexicon.attributes(self.analyzer.terms(_common_words(question)))
+            wanted = wanted or attributes.answer_type(asked)
         question_words = set(_WORD.findall(question.lower()))
-        answer_bonus = params.answer_weight * sum(idf.values())
+        total_idf = sum(idf.values())
         fused = []
         for section, score in candidates:
-            sentence_score, sentence = self._best_sentence(self._sections[section], idf)
+            sentence_score, sentence, sentence_terms = self._best_sentence(
+                self._sections[section], idf
+            )
             total = score + params.sentence_weight * sentence_score
             if wanted is not None and sentence and answer.holds(sentence, wanted, question_words):
-                total += answer_bonus
+                total += params.answer_weight * total_idf
+            if asked and sentence:
+                # what the sentence states beyond the question's own words
+                stated_terms = set(self.analyzer.terms(_common_words(sentence)))
+                stated = lexicon.attributes(stated_terms.difference(map(self.analyzer.term, terms)))
+                # scaled by the share of the question's IDF the sentence holds: the attribute
+                # counts where the sentence is about the question's subject
+                covered = sum(idf[term] for term in set(sentence_terms).intersection(idf))
+                agree = attributes.agreement(asked, stated)
+                total += params.attribute_weight * covered * agree
             fused.append((section, total))
         fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
 
-    def _bm25(self, idf: dict[str, float]) -> dict[int, float]:
-        k1, b = self.params.k1, self.params.b
-        average = self._total_length / len(self._sections) or 1.0
-        lengths = self._lengths
-        scores: dict[int, float] = {}
-        for term, weight in idf.items():
-            for section, tf in self._postings.get(term, {}).items():
-                norm = k1 * (1.0 - b + b * lengths[section] / average)
-                scores[section] = scores.get(section, 0.0) + weight * tf * (k1 + 1.0) / (tf + norm)
-        return scores
-
-    def _best_sentence(self, indexed: _Indexed, idf: dict[str, float]):
-        """BM25 of the section's best sentence for the question, and that sentence's terms."""
+    def _best_sentence(self, indexed: _Indexed, idf: dict[int, float]):
+        """BM25 of the section's best sentence for the question, its text and its terms."""
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
-        best, best_raw = 0.0, None
+        best, best_raw, best_terms = 0.0, None, ()
         for terms, raw in self._sentences_of(indexed):
             matched = [term for term in terms if term in idf]
             if not matched:
@@ -207,5 +385,5 @@ class Ranker:
                 idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in Counter(matched).items()
             )
             if score > best:
-                best, best_raw = score, raw
-        return best, best_raw
+                best, best_raw, best_terms = score, raw, terms
+        return best, best_raw, best_terms

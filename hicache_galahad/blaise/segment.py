@@ -97,20 +97,30 @@ def _blocks(data: bytes):
     """(start, end, heading) for each heading line and paragraph; trailing blank lines stay
     with the block before them, leading ones with the first block."""
     lines = data.splitlines(keepends=True)
+    stripped = [line.strip() for line in lines]
+    # A heading is a line that starts with a heading mark, or one followed by a setext rule;
+    # only those lines (few) go through the full check.
+    marks = _HEADING_MARKS
+    rules = _RULE_MARKS
+    maybe = [text[:1] in marks for text in stripped]
+    ruled = [text[:1] in rules for text in stripped]
     blocks: list[list] = []
     offset = 0
     in_paragraph = False
+    last = len(lines) - 1
     for index, line in enumerate(lines):
         end = offset + len(line)
-        stripped = line.strip()
-        heading = _heading(line, lines[index + 1] if index + 1 < len(lines) else b"")
-        if heading is not None or (_is_setext_rule(stripped) and blocks and blocks[-1][2]):
-            if heading is None:  # the underline of a setext heading joins its heading
-                blocks[-1][1] = end
-            else:
-                blocks.append([offset, end, heading])
+        text = stripped[index]
+        heading = None
+        if maybe[index] or (index < last and ruled[index + 1]):
+            heading = _heading(line, lines[index + 1] if index < last else b"")
+        if heading is not None:
+            blocks.append([offset, end, heading])
             in_paragraph = False
-        elif not stripped:
+        elif ruled[index] and blocks and blocks[-1][2] and _is_setext_rule(text):
+            blocks[-1][1] = end  # the underline of a setext heading joins its heading
+            in_paragraph = False
+        elif not text:
             if blocks:
                 blocks[-1][1] = end
             else:

