@@ -2,7 +2,13 @@
 # keyed on the dependency spec; the first run for a spec takes several minutes).
 PY := .venv/bin/python
 
-.PHONY: env demo test lint bench
+# The fast inner loop: the record format, the store, the checkpoint policy, the CLI and the
+# configuration, without any test that starts an SGLang server (e2e) or a model process or a
+# Mooncake cluster or runs long (slow). A minute or two on 2 cores.
+FAST_TESTS := tests/test_format.py tests/test_store_*.py tests/test_eviction.py \
+	tests/test_checkpoint_policy.py tests/test_cli*.py tests/test_adapter_config.py
+
+.PHONY: env demo test test-fast lint bench
 
 env:
 	@bash .ci/env
@@ -16,6 +22,9 @@ lint: env
 
 test: lint
 	$(PY) -m pytest -q
+
+test-fast: env
+	$(PY) -m pytest -q -m "not e2e and not slow" $(FAST_TESTS)
 
 bench: env
 	$(PY) bench/bench_store.py
