@@ -68,8 +68,10 @@ class Checker:
         layout: StoreLayout,
         reader: RecordReader,
         quarantine: Quarantine,
+        *,
         rebuild_ledger: Callable[[], int],
         read_ledger: Callable[[], int],
+        disk_bytes: Callable[[], int],
         is_alive: Callable[[str], bool],
     ):
         self.layout = layout
@@ -77,6 +79,7 @@ class Checker:
         self.quarantine = quarantine
         self._rebuild_ledger = rebuild_ledger
         self._read_ledger = read_ledger
+        self.disk_bytes = disk_bytes
         self._is_alive = is_alive
 
     def check(
@@ -107,12 +110,6 @@ class Checker:
             report.actual_bytes = self.disk_bytes()
             report.fixed = True
         return report
-
-    def disk_bytes(self) -> int:
-        """Bytes the ledger should count: records plus quarantined files."""
-        return sum(entry.accounted_bytes for entry in self.layout.records()) + (
-            self.quarantine.total_bytes()
-        )
 
     def _check_namespace(self, dirname, report, fix, on_record, unreadable, pool) -> None:
         for entry in sorted(self.layout.temp_files([dirname], unreadable), key=_name):

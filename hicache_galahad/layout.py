@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
+from .errors import ConfigError
 from .namespace import Namespace
 
 RECORD_SUFFIX = ".rec"
@@ -115,9 +116,35 @@ class StoreLayout:
         self._prefixes: dict[str, str] = {}
         self._descriptions: dict[str, tuple[float, Namespace | None]] = {}
 
-    def create(self) -> None:
-        for directory in (self.root, self.ns_root, self.quarantine_dir):
-            os.makedirs(directory, exist_ok=True)
+    def prepare(self, *, read_only: bool, min_free_bytes: int) -> None:
+        """Checks (and, unless read-only, creates) the root: a real directory whose `ns` and
+        `quarantine` are real directories too, never a file or a symbolic link, on a
+        filesystem larger than the free-space floor. ConfigError naming the option otherwise."""
+        if read_only:
+            if not os.path.isdir(self.ns_root):
+                raise ConfigError(f"root {self.root!r}: not a hicache-galahad store")
+            return
+        try:
+            for directory in (self.root, self.ns_root, self.quarantine_dir):
+                os.makedirs(directory, exist_ok=True)
+        except (OSError, ValueError) as error:
+            raise ConfigError(
+                f"hicache_galahad option 'root': {self.root!r} cannot hold a store ({error}); "
+                "expected a directory (or a path where one can be created)"
+            ) from error
+        for path in (self.root, self.ns_root, self.quarantine_dir):
+            if os.path.islink(path) or not os.path.isdir(path):
+                raise ConfigError(
+                    f"hicache_galahad option 'root': {path!r} is a symbolic link or not a "
+                    "directory; expected a real directory"
+                )
+        stats = os.statvfs(self.root)
+        capacity_bytes = stats.f_blocks * stats.f_frsize
+        if min_free_bytes >= capacity_bytes:
+            raise ConfigError(
+                f"hicache_galahad option 'min_free_bytes': got {min_free_bytes}, expected less "
+                f"than the size of the filesystem holding {self.root!r} ({capacity_bytes} bytes)"
+            )
 
     def namespace_dir(self, dirname: str) -> str:
         directory = self._dirs.get(dirname)

@@ -3,10 +3,12 @@
 The public verbs of the store; each job is done by its own module:
 
     layout.py      paths under the root, directory scans, namespace descriptions
+    namespaces.py  the namespaces served and their descriptions on disk
     codec.py       digest, zstd and AES-GCM settings: pages to records and back
     reader.py      the verified read paths (the one place that decides validity)
     writer.py      the staged write: temp files, one flush, publication with link(2)
     budget.py      the cap and the free-space floor; eviction policy
+    accounting.py  the ledger kept true; every deletion releases what it freed
     quarantine.py  damaged records moved aside
     checker.py     `check`: every record verified with the reader's rules
     flusher.py     deferred durability: published records fsynced in the background
@@ -23,36 +25,27 @@ no partial record behind.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
-import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 from . import format as fmt
+from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
 from .codec import RecordCodec
 from .config import StoreOptions
 from .crypto import load_master_key
-from .errors import ConfigError
-from .eviction import LruIndex
 from .flusher import Flusher
-from .layout import StoreLayout, is_record_name, record_filename, temp_is_stale
-from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
+from .layout import StoreLayout, record_filename
 from .lifetime import CounterFile
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
-from .quarantine import Quarantine
+from .namespaces import NamespaceRegistry
 from .reader import RecordReader, open_record, reader_may_be_wrong
 from .writer import RecordWriter
 
 log = logging.getLogger("hicache_galahad.store")
-
-LEDGER_REBUILD_INTERVAL_S = 10.0
-DESCRIPTION_CHECK_INTERVAL_S = 60.0
-RECLAIM_INTERVAL_S = 1.0
 
 __all__ = ["CheckReport", "RecordStore", "record_filename"]
 
@@ -61,26 +54,6 @@ def _nbytes(out) -> int:
     if isinstance(out, list | tuple):
         return sum(memoryview(segment).nbytes for segment in out)
     return memoryview(out).nbytes
-
-
-class _Evictor:
-    """What the budget may delete: quarantined files first, then indexed records."""
-
-    def __init__(self, store: RecordStore):
-        self._store = store
-
-    def evict_quarantined(self) -> bool:
-        return self._store.quarantine_box.trim(keep_files=0, max_files=1) > 0
-
-    def quarantined_bytes(self) -> int:
-        return self._store.quarantine_box.total_bytes()
-
-    def remove(self, location) -> int | None:
-        dirname, filename = location
-        return self._store._unlink_record(dirname, filename)
-
-    def load_unindexed(self) -> None:
-        self._store._index_records()
 
 
 class RecordStore:
@@ -95,44 +68,36 @@ class RecordStore:
         self.counters = Counters()
         self._warn = RateLimitedLog(log)
         self.layout = StoreLayout(self.root)
-        self._check_root()
+        self.layout.prepare(read_only=self.read_only, min_free_bytes=options.min_free_bytes)
+        master_key = (
+            load_master_key(options.encryption_key_file) if options.encryption_key_file else None
+        )
         self.codec = RecordCodec(
             digest_alg={name: alg for alg, name in fmt.DIGEST_NAMES.items()}[options.digest],
             compression=options.compression,
             zstd_level=options.zstd_level,
-            master_key=(
-                load_master_key(options.encryption_key_file)
-                if options.encryption_key_file
-                else None
-            ),
+            master_key=master_key,
             allow_unverified=options.allow_unverified,
         )
-        self.index = LruIndex()
-        self._process = None if self.read_only else ProcessLock(self.root)
-        self._ledger = Ledger(self.layout.ledger_path, self._process, read_only=self.read_only)
-        self._last_rebuild_s = -1e9
-        self._last_reclaim_s = -1e9
-        self._rebuild_lock = threading.Lock()
-        self.quarantine_box = Quarantine(
-            self.layout.quarantine_dir, self._ledger, self.index, self.counters
+        self.accounting = Accounting(
+            self.layout, read_only=self.read_only, counters=self.counters, warn=self._warn
         )
+        self.index = self.accounting.index
+        self.quarantine_box = self.accounting.quarantine
         self.budget = Budget(
-            self._ledger,
+            self.accounting.ledger,
             self.index,
-            _Evictor(self),
+            self.accounting,
             max_bytes=options.max_bytes,
             min_free_bytes=options.min_free_bytes,
             free_bytes=lambda: self._free_bytes(),  # looked up per call (tests replace it)
-            rebuild=self._rebuild_if_due,
-            reclaim=self._reclaim_dead,
+            rebuild=self.accounting.rebuild_if_due,
+            reclaim=self.accounting.reclaim_dead,
             on_event=self.counters.add,
         )
         self.reader = RecordReader(self.layout, self.codec, read_only=self.read_only)
-        self.flusher = (
-            Flusher(options.flush_interval_s, self.counters)
-            if options.durability == "deferred" and not self.read_only
-            else None
-        )
+        deferred = options.durability == "deferred" and not self.read_only
+        self.flusher = Flusher(options.flush_interval_s, self.counters) if deferred else None
         self._io_threads = options.io_threads
         self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="galahad-io")
         self.writer = RecordWriter(
@@ -145,7 +110,7 @@ class RecordStore:
             self.counters,
             self._warn,
             self._parallel,
-            writer_token=self._process.token if self._process else "readonly",
+            writer_token=self.accounting.token,
             durability=options.durability,
             flusher=self.flusher,
         )
@@ -153,22 +118,25 @@ class RecordStore:
             self.layout,
             self.reader,
             self.quarantine_box,
-            self.rebuild_ledger,
-            self._ledger.committed,
-            self._is_alive,
+            rebuild_ledger=self.accounting.rebuild,
+            read_ledger=self.accounting.ledger.committed,
+            disk_bytes=self.accounting.disk_bytes,
+            is_alive=self.accounting.is_alive,
         )
-        self._ledger.recount = self.checker.disk_bytes
+        self.namespaces = NamespaceRegistry(
+            self.layout,
+            durable=options.durable,
+            read_only=self.read_only,
+            counters=self.counters,
+            warn=self._warn,
+        )
         self._counter_file = None
-        if not self.read_only:
-            self._counter_file = CounterFile(
-                self.root, self._process.token, self._is_alive, self._settings()
-            )
-        self._namespaces: dict[str, Namespace] = {}
-        self._described_s: dict[str, float] = {}
-        self._ns_lock = threading.Lock()
         self._closed = False
         if not self.read_only:
-            self._open_scan()
+            self._counter_file = CounterFile(
+                self.root, self.accounting.token, self.accounting.is_alive, self._settings()
+            )
+            self.accounting.open_scan()
 
     def _settings(self) -> dict:
         options = self.options
@@ -186,162 +154,10 @@ class RecordStore:
         if self._counter_file is not None:
             self._counter_file.maybe_flush(self.counters.snapshot, force)
 
-    def _check_root(self) -> None:
-        """The root is a real directory (created if missing) whose `ns` and `quarantine` are
-        real directories too: never a file or a symbolic link (ConfigError naming root)."""
-        if self.read_only:
-            if not os.path.isdir(self.layout.ns_root):
-                raise ConfigError(f"root {self.root!r}: not a hicache-galahad store")
-            return
-        try:
-            self.layout.create()
-        except (OSError, ValueError) as error:
-            raise ConfigError(
-                f"hicache_galahad option 'root': {self.root!r} cannot hold a store ({error}); "
-                "expected a directory (or a path where one can be created)"
-            ) from error
-        for path in (self.root, self.layout.ns_root, self.layout.quarantine_dir):
-            if os.path.islink(path) or not os.path.isdir(path):
-                raise ConfigError(
-                    f"hicache_galahad option 'root': {path!r} is a symbolic link or not a "
-                    "directory; expected a real directory"
-                )
-        stats = os.statvfs(self.root)
-        capacity_bytes = stats.f_blocks * stats.f_frsize
-        if self.options.min_free_bytes >= capacity_bytes:
-            raise ConfigError(
-                f"hicache_galahad option 'min_free_bytes': got {self.options.min_free_bytes}, "
-                f"expected less than the size of the filesystem holding {self.root!r} "
-                f"({capacity_bytes} bytes)"
-            )
-
-    # ----------------------------------------------------------------- open and scan
-
-    def _open_scan(self) -> None:
-        """Removes temp files of writers that are gone, recounts the ledger from disk
-        (dropping reservations of processes that died) and indexes every record for eviction,
-        oldest modification first."""
-        self._remove_stale_temps()
-        entries = []
-
-        def committed_on_disk() -> int:
-            entries.extend(self.layout.records(on_error=self._unreadable_dir))
-            return sum(e.accounted_bytes for e in entries) + self.quarantine_box.total_bytes()
-
-        self._ledger.rebuild(committed_on_disk)
-        self._last_rebuild_s = time.monotonic()
-        entries.sort(key=lambda entry: entry.mtime_ns)
-        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
-
-    def _is_alive(self, token: str) -> bool:
-        if self._process is not None:
-            return self._process.is_alive(token)
-        return token_alive(os.path.join(self.root, PROCS_DIR), token)
-
-    def _remove_stale_temps(self) -> None:
-        for entry in self.layout.temp_files(on_error=self._unreadable_dir):
-            if temp_is_stale(entry, self._is_alive):
-                with contextlib.suppress(OSError):
-                    os.unlink(entry.path)
-                    self.counters.add("stale_temp_removed")
-
-    def _index_records(self) -> None:
-        """Adds records other processes wrote since the last scan to the LRU index."""
-        entries = sorted(
-            self.layout.records(on_error=self._unreadable_dir), key=lambda e: e.mtime_ns
-        )
-        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
-
-    def rebuild_ledger(self) -> int:
-        """Recounts committed bytes from disk and reclaims reservations of dead processes
-        (and their temp files); returns the ledger's new total."""
-        if self.read_only:
-            return self._ledger.read()
-        with self._rebuild_lock:
-            self._remove_stale_temps()
-            total = self._ledger.rebuild(self.checker.disk_bytes)
-            self._last_rebuild_s = time.monotonic()
-        self.counters.add("ledger_rebuilds")
-        return total
-
-    def _reclaim_dead(self) -> bool:
-        """Takes back the reservations of processes that died (at most once a second)."""
-        if self.read_only or time.monotonic() - self._last_reclaim_s < RECLAIM_INTERVAL_S:
-            return False
-        self._last_reclaim_s = time.monotonic()
-        freed = self._ledger.reclaim_dead()
-        if freed:
-            self.counters.add("reclaimed_bytes", freed)
-            self._remove_stale_temps()
-        return freed > 0
-
-    def _rebuild_if_due(self) -> bool:
-        """rebuild_ledger, at most once every LEDGER_REBUILD_INTERVAL_S unless the ledger
-        itself was found damaged or replaced."""
-        due = time.monotonic() - self._last_rebuild_s >= LEDGER_REBUILD_INTERVAL_S
-        if not (due or self._ledger.needs_rebuild):
-            return False
-        self._warn.warning(
-            "ledger-rebuild",
-            "galahad: the byte ledger of %s claims more than the records on disk explain "
-            "(or was damaged); recounting it from disk",
-            self.root,
-        )
-        self.rebuild_ledger()
-        return True
-
-    def _unreadable_dir(self, path: str, error: OSError) -> None:
-        self.counters.add("unreadable_dirs")
-        self._warn.warning("unreadable-dir", "galahad: skipping %s: %s", path, error)
-
-    # ----------------------------------------------------------------- namespaces
-
     def register_namespace(self, namespace: Namespace) -> Namespace:
-        """Creates the namespace's directory and description (idempotent) and returns it.
-        A filesystem that refuses (full, read-only, permissions) is not a reason to stop a
-        server: the namespace is still returned, and its reads and writes miss until the
-        filesystem accepts them (warned and counted)."""
-        with self._ns_lock:
-            known = self._namespaces.get(namespace.dirname)
-            if known is not None:
-                return known
-            if not self.read_only:
-                self._write_description(namespace)
-            self._namespaces[namespace.dirname] = namespace
-            return namespace
-
-    def _write_description(self, namespace: Namespace) -> None:
-        directory = self.layout.namespace_dir(namespace.dirname)
-        if os.path.islink(directory):
-            raise ConfigError(
-                f"hicache_galahad option 'root': namespace directory {directory!r} is a "
-                "symbolic link; expected a real directory"
-            )
-        try:
-            self.layout.remove_stale_description_temps(namespace.dirname)
-            self.layout.write_namespace(namespace, durable=self.options.durable)
-        except OSError as error:
-            self.counters.add("namespace_write_failures")
-            self._warn.warning(
-                "namespace-write",
-                "galahad: cannot write the description of namespace %s (%s): its records miss "
-                "until the filesystem accepts writes again",
-                namespace.dirname,
-                error,
-            )
-        self._described_s[namespace.dirname] = time.monotonic()
-
-    def _refresh_description(self, namespace: Namespace) -> None:
-        """Puts back a namespace.json that was deleted or edited (at most once a minute), so
-        that operators' tools can always tell whose records these are."""
-        if time.monotonic() - self._described_s.get(namespace.dirname, 0.0) < (
-            DESCRIPTION_CHECK_INTERVAL_S
-        ):
-            return
-        self._described_s[namespace.dirname] = time.monotonic()
-        if self.layout.load_namespace(namespace.dirname) != namespace:
-            with self._ns_lock:
-                self._write_description(namespace)
+        """Creates the namespace's directory and description (idempotent) and returns it; a
+        filesystem that refuses makes its reads and writes miss, never stops the caller."""
+        return self.namespaces.register(namespace)
 
     # ----------------------------------------------------------------- reads
 
@@ -468,7 +284,7 @@ class RecordStore:
         """put for many records (writer.py: staged, flushed together, then published)."""
         if len(keys) != len(datas) or self._closed or self.read_only:
             return [False] * len(keys)
-        self._refresh_description(namespace)
+        self.namespaces.refresh(namespace)
         results = self.writer.put_many(namespace, keys, datas)
         self._persist_counters()
         return results
@@ -481,29 +297,14 @@ class RecordStore:
         path = self.layout.record_path(namespace.dirname, key)
         self.quarantine_box.move_and_trim(path, namespace.dirname, inode)
 
-    def _unlink_record(self, dirname: str, filename: str) -> int | None:
-        """Deletes one record file and releases its bytes; its size, or None if it was gone."""
-        if not is_record_name(filename):
-            return None
-        freed = self.layout.unlink_record(dirname, filename)
-        if freed is None:
-            return None
-        self.index.discard((dirname, filename))
-        self._ledger.release(freed)
-        return freed
-
     def delete(self, namespace: Namespace, key: str) -> bool:
-        if self.read_only:
-            return False
-        return self._unlink_record(namespace.dirname, record_filename(key)) is not None
+        return self.accounting.unlink_record(namespace.dirname, record_filename(key)) is not None
 
     def clear_namespace(self, namespace: Namespace) -> int:
         """Deletes every record of one namespace (never a temp file); returns how many."""
-        if self.read_only:
-            return 0
         removed = 0
-        for entry in self.layout.records([namespace.dirname], self._unreadable_dir):
-            removed += self._unlink_record(namespace.dirname, entry.name) is not None
+        for entry in self.layout.records([namespace.dirname], self.accounting.unreadable_dir):
+            removed += self.accounting.unlink_record(namespace.dirname, entry.name) is not None
         return removed
 
     # ----------------------------------------------------------------- accounting
@@ -513,11 +314,15 @@ class RecordStore:
         return stats.f_bavail * stats.f_frsize
 
     def usage_bytes(self) -> int:
-        return self._ledger.read()
+        return self.accounting.ledger.read()
+
+    def rebuild_ledger(self) -> int:
+        """Recounts the ledger from disk now (and reclaims dead writers' reservations)."""
+        return self.accounting.rebuild()
 
     def stats(self) -> dict:
         return self.counters.snapshot() | {
-            "ledger_bytes": self._ledger.read(),
+            "ledger_bytes": self.accounting.ledger.read(),
             "indexed_records": len(self.index),
         }
 
@@ -534,29 +339,12 @@ class RecordStore:
     def delete_file(self, dirname: str, filename: str) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
         index stay right); the bytes freed, or None if it was not there."""
-        if self.read_only:
-            return None
-        return self._unlink_record(dirname, filename)
+        return self.accounting.unlink_record(dirname, filename)
 
     def evict_to(self, max_bytes: int) -> tuple[int, int]:
         """Evicts least recently used records (quarantined files first) until the ledger is
         at most `max_bytes`; returns (files evicted, bytes freed)."""
-        evicted = freed = 0
-        self._index_records()
-        while not self.read_only and self._ledger.read() > max_bytes:
-            if self.quarantine_box.trim(keep_files=0, max_files=1):
-                evicted += 1
-                continue
-            victim = self.index.pop_oldest()
-            if victim is None:
-                break
-            size = self._unlink_record(*victim[0])
-            if size is not None:
-                evicted += 1
-                freed += size
-                self.counters.add("evictions")
-                self.counters.add("evicted_bytes", size)
-        return evicted, freed
+        return self.accounting.evict_to(max_bytes)
 
     # ----------------------------------------------------------------- plumbing
 
@@ -585,9 +373,7 @@ class RecordStore:
         if self.flusher is not None:
             self.flusher.close()
         self._persist_counters(force=True)
-        self._ledger.close()
-        if self._process is not None:
-            self._process.close()
+        self.accounting.close()
 
     def __enter__(self):
         return self

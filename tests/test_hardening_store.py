@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from hicache_galahad import accounting, namespaces
 from hicache_galahad import format as fmt
-from hicache_galahad import store as store_module
 from hicache_galahad.config import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.layout import record_filename
@@ -109,7 +109,7 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
         assert len(records_of(root, ALICE)) == 10 and len(records_of(root, BOB)) == 10
         assert store.stats()["budget_unreconciled"] >= 1
         # ... and once it is due, the ledger is recounted from disk and the put succeeds.
-        monkeypatch.setattr(store_module, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         assert store.put(ALICE, key(99), page(99))
         assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
         assert store.usage_bytes() == store.checker.disk_bytes()
@@ -150,11 +150,11 @@ def test_reservations_of_sigkilled_writers_come_back_while_peers_run(tmp_path, m
         for writer in writers:  # ... and die holding it
             kill(writer)
         assert peer.usage_bytes() >= 10 * RECORD_BYTES + 24 * RECORD_BYTES
-        monkeypatch.setattr(store_module, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         fill(peer, BOB, 25)  # needs the leaked space: reclaimed, nothing of alice evicted
         assert len(records_of(root, ALICE)) == 10 and len(records_of(root, BOB)) == 25
         assert peer.usage_bytes() == peer.checker.disk_bytes()
-        assert os.listdir(Path(root) / "procs") == [f"{peer._process.token}.lock"]
+        assert os.listdir(Path(root) / "procs") == [f"{peer.accounting.token}.lock"]
 
 
 # ----------------------------------------------------------------------------- 2. temp files
@@ -165,7 +165,7 @@ def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
     with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 3)
         live_temp = Path(
-            store.layout.new_temp_path(ALICE.dirname, record_filename(key(7)), store._process.token)
+            store.layout.new_temp_path(ALICE.dirname, record_filename(key(7)), store.accounting.token)
         )
         live_temp.write_bytes(b"x" * 1000)  # a write in progress of this (live) process
         assert store.clear_namespace(ALICE) == 3
@@ -196,7 +196,7 @@ def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files
     with RecordStore(root, durability="none") as first:
         fill(first, ALICE, 1)
         live_temp = Path(
-            first.layout.new_temp_path(ALICE.dirname, record_filename(key(9)), first._process.token)
+            first.layout.new_temp_path(ALICE.dirname, record_filename(key(9)), first.accounting.token)
         )
         live_temp.write_bytes(b"in flight")
         for lock in (Path(root) / "procs").iterdir():
@@ -321,7 +321,7 @@ def test_an_unreadable_namespace_directory_is_skipped_with_a_warning(tmp_path):
 
 def test_a_deleted_or_edited_description_is_put_back_by_a_running_store(tmp_path, monkeypatch):
     root = str(tmp_path / "store")
-    monkeypatch.setattr(store_module, "DESCRIPTION_CHECK_INTERVAL_S", 0.0)
+    monkeypatch.setattr(namespaces, "DESCRIPTION_CHECK_INTERVAL_S", 0.0)
     with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 1)
         description = Path(root) / "ns" / ALICE.dirname / "namespace.json"
