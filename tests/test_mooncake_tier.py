@@ -7,8 +7,10 @@ raises, counts what happened and recovers when Mooncake does.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -26,6 +28,7 @@ from mooncake_cluster import (
     skip_unless_mooncake,
 )
 
+from hicache_galahad.mooncake_buffers import ReadBuffer, chunks, read_only
 from hicache_galahad.mooncake_tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
 
 REPO = Path(__file__).resolve().parents[1]
@@ -131,12 +134,69 @@ def test_options_require_master_and_hostname_and_an_object():
         MooncakeOptions.from_config(["127.0.0.1:1"])
 
 
-def test_module_imports_without_torch_or_sglang():
-    code = (
-        "import sys; sys.modules['torch'] = None; sys.modules['sglang'] = None; "
-        "import hicache_galahad.mooncake_tier"
-    )
+MODULES = ("buffers", "connection", "counts", "options", "reads", "tier", "writes")
+
+
+def test_modules_import_without_torch_or_sglang():
+    code = "import sys; sys.modules['torch'] = None; sys.modules['sglang'] = None\n"
+    code += "".join(f"import hicache_galahad.mooncake_{name}\n" for name in MODULES)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
+
+
+# -- the read buffer (no cluster) ---------------------------------------------------------------
+
+
+def test_read_buffer_lends_regions_until_their_last_view_is_gone():
+    buffer = ReadBuffer(MIB)
+    first_address, first = buffer.lend(1000)  # aligned to 1024
+    second_address, second = buffer.lend(5000)
+    assert (first_address, second_address) == (buffer.address, buffer.address + 1024)
+    assert buffer.free_bytes() == MIB - 1024 - 5056
+    view = read_only(second, 4000)
+    del second  # the view still holds the region
+    assert buffer.free_bytes() == MIB - 1024 - 5056
+    assert len(view) == 4000 and view.readonly and view == bytes(4000)
+    with pytest.raises(TypeError):
+        view[0] = 1
+    del first
+    assert buffer.free_bytes() == MIB - 5056
+    assert buffer.lend(MIB) is None  # no region that large is free
+    del view
+    assert buffer.free_bytes() == MIB  # merged back into one region
+    assert buffer.lend(MIB) is not None
+
+
+def test_read_buffer_is_touched_and_reuses_freed_regions_first():
+    buffer = ReadBuffer(4 * MIB)
+    assert bytes(buffer.buffer.view[: 4 * MIB : 4096]) == bytes(1024)  # every page touched
+    kept = [buffer.lend(MIB) for _ in range(3)]
+    del kept[1]
+    address, _ = buffer.lend(MIB // 2)
+    assert address == buffer.address + MIB  # first fit: the hole left by the freed region
+
+
+def test_read_buffer_regions_never_overlap_and_all_come_back():
+    rng = random.Random(9)
+    buffer = ReadBuffer(MIB)
+    held: dict[int, tuple] = {}
+    for step in range(3000):
+        if held and rng.random() < 0.45:
+            del held[rng.choice(list(held))]
+        else:
+            held[step] = buffer.lend(rng.randrange(1, 96 * KIB))
+            if held[step] is None:
+                del held[step]
+        spans = sorted((address, len(owner)) for address, owner in held.values())
+        for (address, size), (next_address, _) in zip(spans, spans[1:], strict=False):
+            assert address + size <= next_address
+        assert buffer.free_bytes() + sum(size for _, size in spans) == MIB
+    held.clear()
+    assert buffer.free_bytes() == MIB and buffer.lend(MIB) is not None
+
+
+def test_chunks_fit_the_capacity_and_keep_the_order():
+    runs = list(chunks([(0, 100), (1, 900), (2, 30), (3, 1000)], 1024))
+    assert runs == [[(0, 0)], [(1, 0), (2, 960)], [(3, 0)]]
 
 
 # -- a real cluster -----------------------------------------------------------------------------
@@ -241,6 +301,24 @@ def test_first_writer_wins_until_removed(cluster, make_tier):
 
 
 @pytest.mark.slow
+def test_values_are_lent_in_place_and_come_back(cluster, make_tier):
+    tier = connected(make_tier, cluster, transfer_buffer_bytes=4 * MIB)
+    values = {f"lend/{i}": os.urandom(MIB) for i in range(3)}
+    put_all(tier, values)
+    buffer = tier._reads.buffer
+    held = tier.get_many(list(values), [MIB] * 3)
+    assert held == list(values.values()) and all(value.readonly for value in held)
+    assert buffer.free_bytes() == MIB and tier.counters()["get_spilled"] == 0
+    again = tier.get_many(list(values), [MIB] * 3)  # 1 MiB left: two values spill
+    assert again == list(values.values()) and tier.counters()["get_spilled"] == 2
+    assert hashlib.sha256(again[2]).digest() == hashlib.sha256(values["lend/2"]).digest()
+    del held, again
+    assert buffer.free_bytes() == 4 * MIB
+    assert tier.get_many(list(values), [MIB] * 3) == list(values.values())
+    assert tier.counters()["get_spilled"] == 2 and buffer.free_bytes() == 4 * MIB
+
+
+@pytest.mark.slow
 def test_full_queue_drops_and_counts(cluster, make_tier):
     tier = connected(make_tier, cluster, queue_max_bytes=MIB, transfer_buffer_bytes=MIB)
     value = os.urandom(300 * KIB)
@@ -336,6 +414,8 @@ def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
     wait_until(lambda: tier.available, 15)
     assert tier.get_many(["s/a"], [100]) == [b"value"]
     assert tier.counters()["timeouts"] >= 1
+    buffer = tier._reads.buffer  # the late read's region came back when it returned
+    assert buffer.free_bytes() == buffer.size
 
 
 STUCK_CHILD = """
