@@ -165,7 +165,9 @@ def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
     with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 3)
         live_temp = Path(
-            store.layout.new_temp_path(ALICE.dirname, record_filename(key(7)), store.accounting.token)
+            store.layout.new_temp_path(
+                ALICE.dirname, record_filename(key(7)), store.accounting.token
+            )
         )
         live_temp.write_bytes(b"x" * 1000)  # a write in progress of this (live) process
         assert store.clear_namespace(ALICE) == 3
@@ -196,7 +198,9 @@ def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files
     with RecordStore(root, durability="none") as first:
         fill(first, ALICE, 1)
         live_temp = Path(
-            first.layout.new_temp_path(ALICE.dirname, record_filename(key(9)), first.accounting.token)
+            first.layout.new_temp_path(
+                ALICE.dirname, record_filename(key(9)), first.accounting.token
+            )
         )
         live_temp.write_bytes(b"in flight")
         for lock in (Path(root) / "procs").iterdir():
