@@ -55,6 +55,7 @@ from dataclasses import dataclass, field
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from hicache_galahad.blaise import Blaise, segment  # noqa: E402
+from hicache_galahad.blaise.prompt import opening_words  # noqa: E402
 from hicache_galahad.blaise.rank import Ranker, RankParams  # noqa: E402
 
 TARGET_BYTES = 434_000
@@ -493,7 +494,9 @@ def index_in_memory(docs, params: RankParams | None = None) -> float:
         data = text.encode()
         batch = []
         for section in segment(data):
-            batch.append((next_id, data[section.start : section.end].decode(), section.headings))
+            text = data[section.start : section.end].decode()
+            opening_words(text)  # the line of the mode-2 index, as Blaise.add computes it
+            batch.append((next_id, text, section.headings))
             next_id += 1
         ranker.add_many(batch)
     ranker.prepare()  # what the first search would do

@@ -110,7 +110,7 @@ def opening_words(text: str, num_words: int = 16) -> str:
             del lines[0]
         else:
             break
-    words = " ".join(lines).split()
+    words = " ".join(lines).split(maxsplit=num_words)  # the rest, if any, stays in one piece
     tail = " ..." if len(words) > num_words else ""
     return " ".join(words[:num_words]) + tail
 

@@ -21,7 +21,7 @@ import math
 import re
 from collections import Counter
 from dataclasses import dataclass
-from itertools import chain
+from itertools import repeat
 
 import numpy as np
 import Stemmer
@@ -64,7 +64,7 @@ _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(12
 # are exactly those of `\w+` over the lower-cased text.
 _FOLD = bytes((c + 32 if 65 <= c <= 90 else c if c in _KEEP else 32) for c in range(256))
 _SEPARATOR = b"\xff"  # never in UTF-8: between the texts of one batch
-_STOP, _CUT = -1, -2  # word codes besides term ids; a code <= -3 is a run of several words
+_STOP, _CUT, _NEW = -1, -2, -(2**31)  # codes besides word ids; <= -3: a run of several words
 
 
 # answer types that are not measurable attributes (a person, a place, a date)
@@ -80,49 +80,82 @@ def _common_words(text: str) -> str:
 class Analyzer:
     r"""Text to terms: lower case, `\w+` words, stop words out, Snowball English stems.
 
-    Terms are small integers (`term_ids`; `term(i)` gives the stem). Every distinct word is
-    analysed once and cached (its bytes -> a code), so a batch of texts costs one translate,
-    one split and one look-up per word (numpy gathers the codes), plus one stemmer call for the
-    words it has not seen."""
+    Indexing never stems. Each distinct word gets an integer id the first time it is seen (its
+    bytes -> id, one dictionary look-up per word after that; numpy gathers the ids), so a batch
+    of texts costs one translate, one split and one look-up per word. A term of a question is a
+    stem; `family(stem)` finds the ids of every word with that stem when a question first asks
+    for it: a Snowball English stem less its last two letters is a prefix of every word that
+    has it (checked on 186,000 distinct words of WordNet, Wikipedia and pydoc), so only the
+    words with that prefix are stemmed, once each."""
 
     def __init__(self) -> None:
         self._stemmer = Stemmer.Stemmer("english", 0)  # no cache of its own: ours is faster
-        self._codes: dict[bytes, int] = {_SEPARATOR: _CUT}  # word -> term id or code
-        self._runs: list[tuple[int, ...]] = []  # code -3 - i -> the term ids of run i
-        self._ids: dict[str, int] = {}  # stem -> term id
-        self._stems: list[str] = []  # term id -> stem, completed lazily from _ids
+        self._codes: dict[bytes, int] = {_SEPARATOR: _CUT}  # word -> word id or code
+        self._codes.update((word.encode(), _STOP) for word in STOP_WORDS)
+        self._runs: list[tuple[int, ...]] = []  # code -3 - i -> the word ids of run i
+        self._vocabulary = bytearray()  # b"\n" + word, for each word id in order
+        self._num_words = 0
+        self._stem_of: dict[int, str] = {}  # word id -> stem, for the words stemmed so far
+        self._families: dict[str, tuple[int, list[int]]] = {}  # stem -> (vocabulary scanned, ids)
 
-    def term(self, term_id: int) -> str:
-        if term_id >= len(self._stems):
-            self._stems = list(self._ids)
-        return self._stems[term_id]
+    @property
+    def num_words(self) -> int:
+        return self._num_words
 
-    def known(self, stem: str) -> int | None:
-        return self._ids.get(stem)
+    def stems(self, words: list[str]) -> list[str]:
+        return self._stemmer.stemWords(words)
 
     def terms(self, text: str) -> list[str]:
-        return [self.term(i) for i in self.term_ids(text)]
+        """The stems of `text`'s words, in order, stop words out."""
+        words = [w for w in _WORD.findall(text.lower()) if w not in STOP_WORDS]
+        return self._stemmer.stemWords(words) if words else []
 
-    def term_ids(self, text: str | bytes) -> list[int]:
-        return self.batch([text])[0].tolist()
+    def family(self, stem: str) -> list[int]:
+        """The ids of the words seen so far whose stem is `stem`."""
+        scanned, ids = self._families.get(stem, (0, []))
+        vocabulary = self._vocabulary
+        if scanned < len(vocabulary):
+            prefix = stem[: max(1, len(stem) - 2)].encode()
+            pattern = re.compile(b"\n(" + re.escape(prefix) + b"[^\n]*)")
+            codes = self._codes
+            found = [codes[m.group(1)] for m in pattern.finditer(vocabulary, scanned)]
+            fresh = [i for i in found if i not in self._stem_of]
+            if fresh:
+                texts = self._stemmer.stemWords([self._word(i) for i in fresh])
+                self._stem_of.update(zip(fresh, texts, strict=True))
+            ids = ids + [i for i in found if self._stem_of[i] == stem]
+            self._families[stem] = (len(vocabulary), ids)
+        return ids
+
+    def _word(self, word_id: int) -> str:
+        return self._words_list()[word_id]
+
+    def _words_list(self) -> list[str]:
+        cached = getattr(self, "_decoded", None)
+        if cached is None or len(cached) < self._num_words:
+            cached = self._vocabulary[1:].decode("utf-8").split("\n")
+            self._decoded = cached
+        return cached
 
     def batch(self, texts) -> list[np.ndarray]:
-        """The term ids (int32) of each text (str or UTF-8 bytes), in order."""
+        """The word ids (int32) of each text (str or UTF-8 bytes), in order, stop words out."""
         if not texts:
             return []
         blob = b" \xff ".join(t if isinstance(t, bytes) else t.encode() for t in texts)
         words = blob.translate(_FOLD).split()
         codes = self._codes
-        new = set(words).difference(codes)
-        if new:
-            self._learn(new)
-        ids = np.fromiter(map(codes.__getitem__, words), dtype=np.int32, count=len(words))
-        if len(self._runs) and (ids <= -3).any():
+        ids = np.fromiter(map(codes.get, words, repeat(_NEW)), dtype=np.int32, count=len(words))
+        missing = np.flatnonzero(ids == _NEW)
+        if len(missing):
+            at = missing.tolist()
+            self._learn(dict.fromkeys(words[i] for i in at))
+            ids[missing] = [codes[words[i]] for i in at]
+        if self._runs and (ids <= -3).any():
             ids = self._expand(ids)
         ids = ids[ids != _STOP]
-        cuts = np.flatnonzero(ids == _CUT)
-        parts = np.split(ids, cuts)
-        return parts[:1] + [part[1:] for part in parts[1:]]
+        bounds = np.flatnonzero(ids == _CUT).tolist()
+        starts = [0, *(cut + 1 for cut in bounds)]
+        return [ids[a:b] for a, b in zip(starts, [*bounds, len(ids)], strict=True)]
 
     def _expand(self, ids: np.ndarray) -> np.ndarray:
         at = np.flatnonzero(ids <= -3)
@@ -135,50 +168,53 @@ class Analyzer:
             out[start : start + len(run)] = run
         return out
 
-    def _learn(self, new: set[bytes]) -> None:
-        """Codes for new words: plain ASCII words in bulk, the others one by one."""
+    def _learn(self, new) -> None:
+        r"""Ids for new words: lower-case ASCII words in bulk; a word with other characters is
+        lower-cased and split by `\w+` first (one id, or a run of several, or a stop word)."""
         plain = [word for word in new if word.isascii()]
-        texts = b"\n".join(plain).decode("ascii").split("\n") if plain else []
-        runs = {}
-        for word in new:
-            if not word.isascii():
-                found = _WORD.findall(word.decode("utf-8", "replace").lower())
-                runs[word] = [w for w in found if w not in STOP_WORDS]
-        others = list(set(chain.from_iterable(runs.values())).difference(texts))
-        stems = self._stemmer.stemWords(texts + others)
-        ids = self._ids
-        term_ids = [ids.setdefault(stem, len(ids)) for stem in stems]
+        self._add_words(plain)
         codes = self._codes
-        codes.update(zip(plain, term_ids, strict=False))
-        for word in STOP_WORDS.intersection(texts):
-            codes[word.encode()] = _STOP
-        if runs:
-            id_of = dict(zip(texts + others, term_ids, strict=True))
-            for word, found in runs.items():
-                run = tuple(id_of[w] for w in found)
-                if len(run) == 1:
-                    codes[word] = run[0]
-                elif not run:
-                    codes[word] = _STOP
-                else:
-                    codes[word] = -3 - len(self._runs)
-                    self._runs.append(run)
+        for word in new:
+            if word.isascii():
+                continue
+            run = []
+            for part in _WORD.findall(word.decode("utf-8", "replace").lower()):
+                if part in STOP_WORDS:
+                    continue
+                key = part.encode()
+                if key not in codes:
+                    self._add_words([key])
+                run.append(codes[key])
+            if len(run) == 1:
+                codes[word] = run[0]
+            elif not run:
+                codes[word] = _STOP
+            else:
+                codes[word] = -3 - len(self._runs)
+                self._runs.append(tuple(run))
+
+    def _add_words(self, words: list[bytes]) -> None:
+        if not words:
+            return
+        first = self._num_words
+        self._codes.update(zip(words, range(first, first + len(words)), strict=True))
+        self._num_words += len(words)
+        self._vocabulary += b"\n" + b"\n".join(words)
 
 
 def _analyse_many(texts: list[str]) -> list[list[str]]:
     analyzer = Analyzer()
-    return [[analyzer.term(i) for i in ids.tolist()] for ids in analyzer.batch(texts)]
+    return [analyzer.terms(text) for text in texts]
 
 
 @dataclass(slots=True)
 class _Indexed:
     text: str
-    term_ids: np.ndarray  # the body's terms in order, then the heading path's
-    weights: np.ndarray | None  # per term: 1, or heading_weight for the heading's (None: all 1)
+    body: np.ndarray  # the body's word ids, in order
+    heading: np.ndarray | None  # the heading path's word ids (weight: heading_weight)
     length: float  # body terms + heading_weight x heading terms
-    num_terms: int  # terms of the body
     num_sentences: int  # an estimate made at indexing (for the average sentence length)
-    sentences: list[tuple[list[int], str]] | None = None  # (terms, text) once first scored
+    sentences: list[tuple[list[int], str]] | None = None  # (word ids, text) once first scored
 
 
 @dataclass(slots=True)
@@ -234,23 +270,21 @@ class Ranker:
         texts = [text for _, text, _ in sections]
         headed = [i for i, (_, _, h) in enumerate(sections) if h and heading_weight]
         analysed = self.analyzer.batch(texts + [" ".join(sections[i][2]) for i in headed])
-        heading_terms = dict(zip(headed, analysed[len(texts) :], strict=True))
-        for index, (section, text, _) in enumerate(sections):
-            body = analysed[index]
+        headings: list[np.ndarray | None] = [None] * len(sections)
+        for index, heading in zip(headed, analysed[len(texts) :], strict=True):
+            headings[index] = heading
+        counts = [sum(map(text.count, _SENTENCE_ENDS)) for text in texts]
+        store = self._sections
+        for (section, text, _), body, heading, count in zip(
+            sections, analysed, headings, counts, strict=False
+        ):
             num_terms = len(body)
-            weights, length = None, float(num_terms)
-            heading = heading_terms.get(index)
-            if heading is not None and len(heading):
-                weights = np.ones(num_terms + len(heading), dtype=np.float32)
-                weights[num_terms:] = heading_weight
-                body = np.concatenate((body, heading))
+            length = float(num_terms)
+            if heading is not None:
                 length += heading_weight * len(heading)
-            num_sentences = 1 + sum(map(text.count, _SENTENCE_ENDS))
-            self._sections[section] = _Indexed(
-                text, body, weights, length, num_terms, num_sentences
-            )
-            self._num_sentences += num_sentences
+            store[section] = _Indexed(text, body, heading, length, 1 + count)
             self._sentence_terms += num_terms
+        self._num_sentences += len(sections) + sum(counts)
         self._corpus = None
 
     def remove(self, section: int) -> None:
@@ -258,30 +292,33 @@ class Ranker:
         if indexed is None:
             return
         self._num_sentences -= indexed.num_sentences
-        self._sentence_terms -= indexed.num_terms
+        self._sentence_terms -= len(indexed.body)
         self._corpus = None
 
     def prepare(self) -> None:
         """Joins the sections' terms for searching (done by the first search otherwise)."""
         if self._corpus is not None or not self._sections:
             return
-        items = list(self._sections.items())
-        arrays = [indexed.term_ids for _, indexed in items]
-        sizes = np.fromiter(map(len, arrays), dtype=np.int64, count=len(arrays))
-        weights = None
-        if any(indexed.weights is not None for _, indexed in items):
-            weights = np.concatenate(
-                [
-                    np.ones(len(ix.term_ids), np.float32) if ix.weights is None else ix.weights
-                    for _, ix in items
-                ]
-            )
+        items = list(self._sections.values())
+        parts, sizes, weights = [], [], []
+        heading_weight = self.params.heading_weight
+        for indexed in items:
+            parts.append(indexed.body)
+            sizes.append(len(indexed.body))
+            weights.append(1.0)
+            if indexed.heading is not None:
+                parts.append(indexed.heading)
+                sizes[-1] += len(indexed.heading)
+                weights.append(heading_weight)
+        part_sizes = np.fromiter(map(len, parts), dtype=np.int64, count=len(parts))
         self._corpus = _Corpus(
-            ids=np.fromiter((section for section, _ in items), dtype=np.int64, count=len(items)),
-            term_ids=np.concatenate(arrays) if arrays else np.zeros(0, np.int32),
+            ids=np.fromiter(self._sections, dtype=np.int64, count=len(items)),
+            term_ids=np.concatenate(parts),
             owner=np.repeat(np.arange(len(items), dtype=np.int64), sizes),
-            weights=weights,
-            lengths=np.fromiter((ix.length for _, ix in items), dtype=np.float64, count=len(items)),
+            weights=np.repeat(np.array(weights, dtype=np.float32), part_sizes)
+            if len(weights) > len(items)
+            else None,
+            lengths=np.fromiter((ix.length for ix in items), dtype=np.float64, count=len(items)),
         )
 
     def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[int], str]]:
@@ -293,26 +330,27 @@ class Ranker:
             ]
         return indexed.sentences
 
-    def _term_frequencies(self, terms: list[int]) -> tuple[_Corpus, np.ndarray]:
-        """(corpus, tf): tf[i, j] is the weighted count of terms[j] in section ids[i]."""
+    def _term_frequencies(self, families: list[list[int]]) -> tuple[_Corpus, np.ndarray]:
+        """(corpus, tf): tf[i, j] is the weighted count of the words of families[j] (the word
+        ids of one stem) in section ids[i]."""
         self.prepare()
         corpus = self._corpus
         assert corpus is not None
-        query = np.array(sorted(terms), dtype=np.int32)
-        where = np.flatnonzero(np.isin(corpus.term_ids, query))
-        column = np.searchsorted(query, corpus.term_ids[where])
-        cells = corpus.owner[where] * len(query) + column
+        column = np.full(self.analyzer.num_words, -1, dtype=np.int32)
+        for index, family in enumerate(families):
+            column[family] = index
+        hits = column[corpus.term_ids]
+        where = np.flatnonzero(hits >= 0)
+        cells = corpus.owner[where] * len(families) + hits[where]
         weights = None if corpus.weights is None else corpus.weights[where]
-        tf = np.bincount(cells, weights=weights, minlength=len(corpus.ids) * len(query))
-        tf = tf.reshape(len(corpus.ids), len(query))
-        order = [int(np.searchsorted(query, term)) for term in terms]
-        return corpus, tf[:, order]
+        tf = np.bincount(cells, weights=weights, minlength=len(corpus.ids) * len(families))
+        return corpus, tf.reshape(len(corpus.ids), len(families))
 
     def idf(self, term: str) -> float:
-        term_id = self.analyzer.known(term)
-        if term_id is None or not self._sections:
+        """The IDF of a term (a stem)."""
+        if not self._sections:
             return 0.0
-        _, tf = self._term_frequencies([term_id])
+        _, tf = self._term_frequencies([self.analyzer.family(term)])
         return self._idf(float(np.count_nonzero(tf[:, 0])))
 
     def _idf(self, df: float) -> float:
@@ -322,12 +360,16 @@ class Ranker:
 
     def search(self, question: str, k: int = 1) -> list[tuple[int, float]]:
         """The k best sections as (id, score), best first; ties go to the lower id."""
-        terms = list(dict.fromkeys(self.analyzer.term_ids(question)))
+        terms = list(dict.fromkeys(self.analyzer.terms(question)))
         if not terms or k < 1 or not self._sections:
             return []
-        corpus, tf = self._term_frequencies(terms)
+        families = [self.analyzer.family(term) for term in terms]
+        corpus, tf = self._term_frequencies(families)
         df = np.count_nonzero(tf, axis=0)
         idf = {term: self._idf(float(d)) for term, d in zip(terms, df, strict=True)}
+        stem_of = {
+            word: term for term, family in zip(terms, families, strict=True) for word in family
+        }
         params = self.params
         k1, b = params.k1, params.b
         average = float(corpus.lengths.sum()) / len(corpus.ids) or 1.0
@@ -353,7 +395,7 @@ class Ranker:
         fused = []
         for section, score in candidates:
             sentence_score, sentence, sentence_terms = self._best_sentence(
-                self._sections[section], idf
+                self._sections[section], stem_of, idf
             )
             total = score + params.sentence_weight * sentence_score
             if wanted is not None and sentence and answer.holds(sentence, wanted, question_words):
@@ -361,29 +403,30 @@ class Ranker:
             if asked and sentence:
                 # what the sentence states beyond the question's own words
                 stated_terms = set(self.analyzer.terms(_common_words(sentence)))
-                stated = lexicon.attributes(stated_terms.difference(map(self.analyzer.term, terms)))
+                stated = lexicon.attributes(stated_terms.difference(terms))
                 # scaled by the share of the question's IDF the sentence holds: the attribute
                 # counts where the sentence is about the question's subject
-                covered = sum(idf[term] for term in set(sentence_terms).intersection(idf))
+                covered = sum(idf[term] for term in sentence_terms)
                 agree = attributes.agreement(asked, stated)
                 total += params.attribute_weight * covered * agree
             fused.append((section, total))
         fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
 
-    def _best_sentence(self, indexed: _Indexed, idf: dict[int, float]):
-        """BM25 of the section's best sentence for the question, its text and its terms."""
+    def _best_sentence(self, indexed: _Indexed, stem_of: dict[int, str], idf: dict[str, float]):
+        """BM25 of the section's best sentence for the question (`stem_of`: the question's
+        word ids -> its terms), that sentence's text and the question terms it holds."""
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
-        best, best_raw, best_terms = 0.0, None, ()
-        for terms, raw in self._sentences_of(indexed):
-            matched = [term for term in terms if term in idf]
+        best, best_raw, best_terms = 0.0, None, frozenset()
+        for words, raw in self._sentences_of(indexed):
+            matched = [stem_of[word] for word in words if word in stem_of]
             if not matched:
                 continue
-            norm = k1 * (1.0 - b + b * len(terms) / average)
+            norm = k1 * (1.0 - b + b * len(words) / average)
             score = sum(
                 idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in Counter(matched).items()
             )
             if score > best:
-                best, best_raw, best_terms = score, raw, terms
+                best, best_raw, best_terms = score, raw, frozenset(matched)
         return best, best_raw, best_terms
