@@ -50,23 +50,23 @@ class Lexicon:
                 slot[attribute] = max(slot.get(attribute, 0.0), weight)
         # a word of several attributes says less about each: its weight is shared among them
         self.single: dict[str, dict[str, float]] = {}
-        self.multi: list[tuple[frozenset[str], dict[str, float]]] = []
+        self.multi: dict[str, list[tuple[frozenset[str], dict[str, float]]]] = {}  # by 1st term
         for terms, found in entries.items():
             shared = {attribute: weight / len(found) for attribute, weight in found.items()}
             if len(terms) == 1:
                 self.single[terms[0]] = shared
             else:
-                self.multi.append((frozenset(terms), shared))
+                self.multi.setdefault(terms[0], []).append((frozenset(terms), shared))
 
     def attributes(self, terms: Iterable[str]) -> dict[str, float]:
         """attribute -> evidence (the sum of its words' weights) for a set of terms."""
         present = set(terms)
         found: dict[str, float] = {}
-        for term in present.intersection(self.single):
-            for attribute, weight in self.single[term].items():
-                found[attribute] = found.get(attribute, 0.0) + weight
-        for parts, shared in self.multi:
-            if parts <= present:
+        single, multi = self.single, self.multi
+        for term in present:
+            shares = [single[term]] if term in single else []
+            shares += [shared for parts, shared in multi.get(term, ()) if parts <= present]
+            for shared in shares:
                 for attribute, weight in shared.items():
                     found[attribute] = found.get(attribute, 0.0) + weight
         return found

@@ -17,6 +17,7 @@ are kept live, so sections can be added and removed without a rebuild.
 
 from __future__ import annotations
 
+import bisect
 import math
 import re
 from collections import Counter
@@ -54,7 +55,7 @@ class RankParams:
     sentence_weight: float = 1.0
     answer_weight: float = 0.5  # times the question's total IDF
     attribute_weight: float = 0.5  # times the question's total IDF
-    candidates: int = 12  # sections whose sentences are scored
+    candidates: int = 8  # sections whose sentences are scored
 
 
 _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
@@ -93,10 +94,11 @@ class Analyzer:
         self._codes: dict[bytes, int] = {_SEPARATOR: _CUT}  # word -> word id or code
         self._codes.update((word.encode(), _STOP) for word in STOP_WORDS)
         self._runs: list[tuple[int, ...]] = []  # code -3 - i -> the word ids of run i
-        self._vocabulary = bytearray()  # b"\n" + word, for each word id in order
+        self._words: list[bytes] = []  # word id -> the word
+        self._ordered: list[bytes] = []  # the words, sorted (completed on a question)
         self._num_words = 0
         self._stem_of: dict[int, str] = {}  # word id -> stem, for the words stemmed so far
-        self._families: dict[str, tuple[int, list[int]]] = {}  # stem -> (vocabulary scanned, ids)
+        self._families: dict[str, tuple[int, list[int]]] = {}  # stem -> (words then, ids)
 
     @property
     def num_words(self) -> int:
@@ -112,30 +114,25 @@ class Analyzer:
 
     def family(self, stem: str) -> list[int]:
         """The ids of the words seen so far whose stem is `stem`."""
-        scanned, ids = self._families.get(stem, (0, []))
-        vocabulary = self._vocabulary
-        if scanned < len(vocabulary):
-            prefix = stem[: max(1, len(stem) - 2)].encode()
-            pattern = re.compile(b"\n(" + re.escape(prefix) + b"[^\n]*)")
-            codes = self._codes
-            found = [codes[m.group(1)] for m in pattern.finditer(vocabulary, scanned)]
-            fresh = [i for i in found if i not in self._stem_of]
-            if fresh:
-                texts = self._stemmer.stemWords([self._word(i) for i in fresh])
-                self._stem_of.update(zip(fresh, texts, strict=True))
-            ids = ids + [i for i in found if self._stem_of[i] == stem]
-            self._families[stem] = (len(vocabulary), ids)
+        known = self._families.get(stem)
+        if known is not None and known[0] == self._num_words:
+            return known[1]
+        ordered = self._ordered
+        if len(ordered) < self._num_words:
+            ordered += self._words[len(ordered) :]
+            ordered.sort()  # timsort: the sorted part and the new run are merged
+        prefix = stem[: max(1, len(stem) - 2)].encode()
+        low = bisect.bisect_left(ordered, prefix)
+        high = bisect.bisect_left(ordered, prefix + b"\xff", low)  # no UTF-8 byte is 0xff
+        codes, stem_of = self._codes, self._stem_of
+        found = [codes[word] for word in ordered[low:high]]
+        fresh = [i for i in found if i not in stem_of]
+        if fresh:
+            words = [self._words[i].decode("utf-8") for i in fresh]
+            stem_of.update(zip(fresh, self._stemmer.stemWords(words), strict=True))
+        ids = [i for i in found if stem_of[i] == stem]
+        self._families[stem] = (self._num_words, ids)
         return ids
-
-    def _word(self, word_id: int) -> str:
-        return self._words_list()[word_id]
-
-    def _words_list(self) -> list[str]:
-        cached = getattr(self, "_decoded", None)
-        if cached is None or len(cached) < self._num_words:
-            cached = self._vocabulary[1:].decode("utf-8").split("\n")
-            self._decoded = cached
-        return cached
 
     def batch(self, texts) -> list[np.ndarray]:
         """The word ids (int32) of each text (str or UTF-8 bytes), in order, stop words out."""
@@ -156,6 +153,25 @@ class Analyzer:
         bounds = np.flatnonzero(ids == _CUT).tolist()
         starts = [0, *(cut + 1 for cut in bounds)]
         return [ids[a:b] for a, b in zip(starts, [*bounds, len(ids)], strict=True)]
+
+    def lists(self, texts: list[str]) -> list[list[int]]:
+        """`batch` as lists, without numpy: for a few short texts (a section's sentences)."""
+        blob = b" \xff ".join(t.encode() for t in texts)
+        words = blob.translate(_FOLD).split()
+        codes = self._codes
+        if not codes.keys() >= set(words):
+            self._learn(dict.fromkeys(w for w in words if w not in codes))
+        out: list[list[int]] = [[]]
+        current = out[0]
+        for code in map(codes.__getitem__, words):
+            if code >= 0:
+                current.append(code)
+            elif code == _CUT:
+                current = []
+                out.append(current)
+            elif code != _STOP:
+                current += self._runs[-3 - code]
+        return out
 
     def _expand(self, ids: np.ndarray) -> np.ndarray:
         at = np.flatnonzero(ids <= -3)
@@ -199,7 +215,7 @@ class Analyzer:
         first = self._num_words
         self._codes.update(zip(words, range(first, first + len(words)), strict=True))
         self._num_words += len(words)
-        self._vocabulary += b"\n" + b"\n".join(words)
+        self._words += words
 
 
 def _analyse_many(texts: list[str]) -> list[list[str]]:
@@ -214,7 +230,8 @@ class _Indexed:
     heading: np.ndarray | None  # the heading path's word ids (weight: heading_weight)
     length: float  # body terms + heading_weight x heading terms
     num_sentences: int  # an estimate made at indexing (for the average sentence length)
-    sentences: list[tuple[list[int], str]] | None = None  # (word ids, text) once first scored
+    # (word ids, their set, text) of each sentence, once the section is first a candidate
+    sentences: list[tuple[list[int], frozenset[int], str]] | None = None
 
 
 @dataclass(slots=True)
@@ -321,12 +338,12 @@ class Ranker:
             lengths=np.fromiter((ix.length for ix in items), dtype=np.float64, count=len(items)),
         )
 
-    def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[int], str]]:
+    def _sentences_of(self, indexed: _Indexed) -> list[tuple[list[int], frozenset[int], str]]:
         if indexed.sentences is None:
             parts = _SENTENCE.split(indexed.text)
-            terms_of = self.analyzer.batch(parts)
+            terms_of = self.analyzer.lists(parts)
             indexed.sentences = [
-                (t.tolist(), p) for t, p in zip(terms_of, parts, strict=True) if len(t)
+                (t, frozenset(t), p) for t, p in zip(terms_of, parts, strict=True) if t
             ]
         return indexed.sentences
 
@@ -419,10 +436,10 @@ class Ranker:
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
         best, best_raw, best_terms = 0.0, None, frozenset()
-        for words, raw in self._sentences_of(indexed):
-            matched = [stem_of[word] for word in words if word in stem_of]
-            if not matched:
+        for words, distinct, raw in self._sentences_of(indexed):
+            if distinct.isdisjoint(stem_of):
                 continue
+            matched = [stem_of[word] for word in words if word in stem_of]
             norm = k1 * (1.0 - b + b * len(words) / average)
             score = sum(
                 idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in Counter(matched).items()
