@@ -156,21 +156,18 @@ class Analyzer:
 
     def lists(self, texts: list[str]) -> list[list[int]]:
         """`batch` as lists, without numpy: for a few short texts (a section's sentences)."""
-        blob = b" \xff ".join(t.encode() for t in texts)
-        words = blob.translate(_FOLD).split()
-        codes = self._codes
-        if not codes.keys() >= set(words):
-            self._learn(dict.fromkeys(w for w in words if w not in codes))
-        out: list[list[int]] = [[]]
-        current = out[0]
-        for code in map(codes.__getitem__, words):
-            if code >= 0:
-                current.append(code)
-            elif code == _CUT:
-                current = []
-                out.append(current)
-            elif code != _STOP:
-                current += self._runs[-3 - code]
+        codes, runs = self._codes, self._runs
+        out = []
+        for text in texts:
+            words = text.encode().translate(_FOLD).split()
+            try:
+                ids = [code for code in map(codes.__getitem__, words) if code != _STOP]
+            except KeyError:
+                self._learn(dict.fromkeys(word for word in words if word not in codes))
+                ids = [code for code in map(codes.__getitem__, words) if code != _STOP]
+            if ids and min(ids) < 0:  # runs of several words
+                ids = [i for code in ids for i in ((code,) if code >= 0 else runs[-3 - code])]
+            out.append(ids)
         return out
 
     def _expand(self, ids: np.ndarray) -> np.ndarray:
