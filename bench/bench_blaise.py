@@ -20,6 +20,8 @@ section holds the whole inserted fact. Rebuilt here:
 * baseline (RAGFlow-like): the same documents cut into chunks of at most 512 tokens at
   sentence and line ends, plain BM25 (same analyzer), top-1 chunk; its tokens per question
   are the chunk's and the question's.
+* held-out questions (`--questions heldout`): a second set of low-overlap templates, written
+  after the ranking was built and not used to tune it, to see whether it generalises.
 * each part of the hard version is also run alone (versions decoys, low_overlap,
   boundaries), and `--ablation` reports the recall of each ranking stage.
 * second domain (`--corpus pydoc`): Python's help topics from the standard library's
@@ -31,6 +33,7 @@ section holds the whole inserted fact. Rebuilt here:
 
     python bench/bench_blaise.py [--seeds 10] [--repeats 5] [--versions basic,hard,...]
                                  [--corpus wiki|pydoc] [--ablation] [--show-misses]
+                                 [--questions published|heldout]
 
 Index time is what `add` computes in memory (segmenting and indexing), wall and CPU time, the
 median of --repeats runs per seed; `add()` adds the durable record writes. Selection latency
@@ -253,6 +256,24 @@ FAMILIES = (
            ("Who is credited with {E}?", "To whom is {E} attributed?")),
 )  # fmt: skip
 
+# Held-out hard questions: a second set for the low-overlap part, written after the ranking's
+# attribute stage was built and never used to choose anything in it (`--questions heldout`).
+HELDOUT_QUESTIONS = {
+    "founded": ("How long ago did {E} begin?", "What is the birth year of {E}?"),
+    "leader": ("Who sits at the helm of {E}?", "Who steers {E} today?"),
+    "members": ("How numerous is {E}?", "How many people make up {E}?"),
+    "population": ("How populous is {E}?", "How many souls does {E} count?"),
+    "location": ("In what surroundings does {E} sit?", "What landscape is {E} part of?"),
+    "height": ("What elevation does the top of {E} reach?", "How high does {E} reach?"),
+    "length": ("What is the extent of {E} from start to finish?",
+               "Over how much distance does {E} reach?"),
+    "cost": ("How much outlay did {E} need?", "What did it take to afford {E}?"),
+    "inventor": ("Who thought up {E}?", "Who is the mind behind {E}?"),
+    "discoverer": ("Who first came across {E}?", "Who named {E} for science?"),
+}  # fmt: skip
+QUESTION_SETS = ("published", "heldout")
+question_set = "published"
+
 KIND_NOUNS = {
     "org": ("the {W} Institute", "the {W} Society", "the {W} Guild", "the {W} Academy"),
     "town": ("the town of {W}", "the village of {W}"),
@@ -367,7 +388,10 @@ def make_fact(rng, names: NameMaker, family: Family, depth: float, low_overlap: 
     value = _value(rng, family.value, names)
     sentence = _fact_sentence(rng, family, entity, value)
     if low_overlap:
-        question = rng.choice(family.hard_questions).format(E=entity)
+        templates = family.hard_questions
+        if question_set == "heldout":
+            templates = HELDOUT_QUESTIONS[family.name]
+        question = rng.choice(templates).format(E=entity)
     else:
         question = rng.choice(family.questions).format(
             E=entity, q=rng.choice(family.question_words)
@@ -549,7 +573,9 @@ def baseline_chunks(docs, count) -> list[str]:
 
 def run_baseline(docs, facts, tokenizer) -> Run:
     chunks = baseline_chunks(docs, tokenizer.count)
-    plain = RankParams(heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0)
+    plain = RankParams(
+        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0
+    )
     ranker = Ranker(plain)
     for index, chunk in enumerate(chunks):
         ranker.add(index, chunk)
@@ -631,11 +657,12 @@ def run_version(articles, tokenizer, name: str, seeds: int, repeats: int, show_m
 
 ABLATIONS = {
     "BM25 (stemmed, stop words out)": RankParams(
-        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0
+        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0
     ),
-    "+ heading path x2": RankParams(sentence_weight=0.0, answer_weight=0.0),
-    "+ best sentence": RankParams(answer_weight=0.0),
-    "+ answer type (Blaise)": RankParams(),
+    "+ heading path x2": RankParams(sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0),
+    "+ best sentence": RankParams(answer_weight=0.0, attribute_weight=0.0),
+    "+ answer type": RankParams(attribute_weight=0.0),
+    "+ attributes (Blaise)": RankParams(),
 }
 
 
@@ -674,7 +701,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument("--ablation", action="store_true", help="only the ranking ablation")
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="wiki")
+    parser.add_argument(
+        "--questions",
+        choices=QUESTION_SETS,
+        default="published",
+        help="hard questions: the published templates, or the held-out set",
+    )
     args = parser.parse_args(argv)
+    global question_set
+    question_set = args.questions
 
     articles = CORPORA[args.corpus]()
     tokenizer = TekkenTokenizer()

@@ -114,3 +114,106 @@ def test_sentences_holding_a_value():
     assert holds("The Quorvane Bridge was designed by Athhav Duspraquen.", AnswerType.PERSON, asked)
     assert not holds("The Quorvane Bridge is long.", AnswerType.PERSON, asked)
     assert not holds("It stands near the Pelaro Valley.", AnswerType.PERSON, asked)
+
+
+# ------------------------------------------------------------------------------ analysis
+
+MIXED = (
+    "The Ärzte of Zürich met in 1939–1945 at the café. A naïve “quote” — and an em dash; "
+    "snake_case words, CamelCase, HTML&CSS, 3.14 and 1,000,000. Ελληνικά ΛΈΞΕΙΣ too. "
+    "Running runners ran; happily happier happiness. Don’t stop: it’s fine."
+)
+
+
+def test_batch_gives_the_words_of_a_regex_split_and_their_stems():
+    import re
+
+    import Stemmer
+
+    from hicache_galahad.blaise.rank import STOP_WORDS
+
+    analyzer = Analyzer()
+    texts = [MIXED, MIXED.upper(), "", "   ", "só ÉLAN élan"]
+    stemmer = Stemmer.Stemmer("english")
+    for text, ids in zip(texts, analyzer.batch(texts), strict=True):
+        words = [w for w in re.findall(r"\w+", text.lower()) if w not in STOP_WORDS]
+        got = [analyzer._words[i].decode() for i in ids.tolist()]
+        assert stemmer.stemWords(got) == stemmer.stemWords(words)
+        assert analyzer.terms(text) == stemmer.stemWords(words)
+    # the lists of a candidate's sentences are the same ids
+    assert [a.tolist() for a in analyzer.batch(texts)] == analyzer.lists(texts)
+
+
+INFLECTED = (
+    "stability stable stabilise run runs running runner ran happy happiness happier "
+    "happily generously generous generate generation general skies sky dying die "
+    "organization organize organs organ relational relate relation national nation "
+    "possibly possible probability probable ability able ugly early only news"
+)
+
+
+def test_a_family_is_every_word_with_the_stem():
+    import Stemmer
+
+    stemmer = Stemmer.Stemmer("english")
+    from hicache_galahad.blaise.rank import STOP_WORDS
+
+    words = [w for w in INFLECTED.split() if w not in STOP_WORDS]
+    analyzer = Analyzer()
+    analyzer.batch([" ".join(words)])
+    for word in words:
+        stem = stemmer.stemWord(word)
+        expected = {w for w in words if stemmer.stemWord(w) == stem}
+        assert {analyzer._words[i].decode() for i in analyzer.family(stem)} == expected
+    analyzer.batch(["stabilities"])  # a word added later joins its family
+    assert b"stabilities" in {analyzer._words[i] for i in analyzer.family("stabil")}
+
+
+def test_add_many_ranks_like_add():
+    texts = [FILLER + f"The Velnorath pier number {i} opened in {1800 + i}." for i in range(6)]
+    one, many = Ranker(), Ranker()
+    for i, text in enumerate(texts):
+        one.add(i, text, ("Harbour", f"Pier {i}"))
+    many.add_many([(i, text, ("Harbour", f"Pier {i}")) for i, text in enumerate(texts)])
+    for question in ("When did pier 3 open?", "Velnorath harbour", "market fish"):
+        assert one.search(question, 6) == many.search(question, 6)
+    with pytest.raises(KeyError):
+        many.add_many([(7, FILLER, ()), (7, FILLER, ())])
+
+
+# ------------------------------------------------------------------------------ attributes
+
+
+def test_an_idiom_for_cost_finds_the_cost():
+    ranker = Ranker()
+    ranker.add(0, FILLER + "The Quorvane Bridge spans 3 kilometres of marsh. " + FILLER)
+    ranker.add(1, FILLER + "The Quorvane Bridge was designed by Athhav Duspraquen. " + FILLER)
+    ranker.add(2, FILLER + "Building the Quorvane Bridge took 90,000 florins. " + FILLER)
+    assert ranker.search("What did the Quorvane Bridge set the council back?", 1)[0][0] == 2
+    plain = Ranker(RankParams(attribute_weight=0.0))
+    for section in range(3):
+        plain.add(section, ranker._sections[section].text)
+    # without the lexicon the question has no answer type and no word in common with the fact
+    assert plain.search("What did the Quorvane Bridge set the council back?", 1)[0][0] != 2
+
+
+def test_attribute_words_separate_two_lengths():
+    ranker = Ranker()
+    ranker.add(0, FILLER + "The Quorvane Mast is 40 kilometres long. " + FILLER)
+    ranker.add(1, FILLER + "The Quorvane Mast is 300 metres tall. " + FILLER)
+    assert ranker.search("How big is the Quorvane Mast from its base to the top?", 1)[0][0] == 1
+    assert ranker.search("How big is the Quorvane Mast from end to end?", 1)[0][0] == 0
+
+
+def test_the_lexicon_is_wordnet_derived_and_names_do_not_count():
+    from hicache_galahad.blaise import attributes
+    from hicache_galahad.blaise.rank import _analyse_many, _common_words
+
+    lexicon = attributes.lexicon(_analyse_many)
+    asked = lexicon.attributes(Analyzer().terms(_common_words("What did it set us back?")))
+    assert max(asked, key=asked.get) == "money"
+    assert attributes.answer_type(asked) is AnswerType.MONEY
+    # "Tower" in a name is not the verb "tower" (a value of height)
+    assert "height" not in lexicon.attributes(
+        Analyzer().terms(_common_words("Where is the Quorvane Tower?"))
+    )
