@@ -176,6 +176,7 @@ def throughput(work: Path, rounds: int) -> None:
                 start_s = time.perf_counter()
                 run()
                 seconds[name].append(time.perf_counter() - start_s)
+                assert reader.store.flush_write_through(60)  # not timed: before the next run
         layout = reader.binder.kv().layout
         for slot, source_slot in zip(slots, source[::page_tokens].tolist(), strict=True):
             assert layout.segments(slot) == layout.segments(source_slot), "a page differs"

@@ -14,7 +14,10 @@ writes: the tier never raises and never blocks past its timeout (mooncake_tier.p
 
 from __future__ import annotations
 
+import collections
 import logging
+import threading
+import time
 
 from . import format as fmt
 from .metrics import RateLimitedLog
@@ -37,12 +40,82 @@ def _value_bound(raw_len: int) -> int:
     return raw_len + (raw_len >> 7) + RECORD_OVERHEAD_BYTES
 
 
+class _WriteThrough:
+    """Verified Mooncake values written to the local disk by a background thread, so that a
+    read returns as soon as its pages are in host memory. The values (read-only views lent by
+    the tier) are held until written; a batch that would take them past `max_bytes` is
+    refused, and the caller writes it itself."""
+
+    def __init__(self, local: RecordStore, max_bytes: int):
+        self._local = local
+        self._max_bytes = max_bytes
+        self._state = threading.Condition()  # guards the fields below
+        self._queue: collections.deque = collections.deque()
+        self._bytes = 0  # queued or being written
+        self._busy = False
+        self._closed = False
+        self._thread = threading.Thread(target=self._run, name="galahad-write-through")
+        self._thread.daemon = True
+        self._thread.start()
+
+    def submit(self, namespace: Namespace, keys: list, raws: list) -> bool:
+        """Queues the batch; False (nothing queued) when it does not fit or at close."""
+        size = sum(len(raw) for raw in raws)
+        with self._state:
+            if self._closed or self._bytes + size > self._max_bytes:
+                return False
+            self._queue.append((namespace, keys, raws, size))
+            self._bytes += size
+            self._state.notify_all()
+        return True
+
+    def flush(self, timeout_s: float) -> bool:
+        deadline = time.monotonic() + timeout_s
+        with self._state:
+            while self._queue or self._busy:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    return False
+                self._state.wait(left)
+        return True
+
+    def close(self, timeout_s: float) -> None:
+        self.flush(timeout_s)
+        with self._state:
+            self._closed = True
+            self._queue.clear()
+            self._state.notify_all()
+        self._thread.join(timeout_s)
+
+    def _run(self) -> None:
+        while True:
+            with self._state:
+                while not self._queue and not self._closed:
+                    self._state.wait()
+                if self._closed:
+                    return
+                namespace, keys, raws, size = self._queue.popleft()
+                self._busy = True
+            try:
+                written = self._local.put_many(namespace, keys, raws)
+                self._local.counters.add("mooncake_written_through", written.count(True))
+            except Exception:
+                log.exception("galahad: writing Mooncake values through to the local disk")
+            finally:
+                del raws  # the tier's read buffer gets these regions back
+                with self._state:
+                    self._bytes -= size
+                    self._busy = False
+                    self._state.notify_all()
+
+
 class TieredStore:
     def __init__(self, local: RecordStore, tier):
         self.local = local
         self.tier = tier
         self.counters = local.counters
         self._warn = RateLimitedLog(log)
+        self._through = _WriteThrough(local, tier.options.transfer_buffer_bytes)
 
     # What the adapter uses of the store that involves no shared page: the local store's.
     @property
@@ -122,10 +195,14 @@ class TieredStore:
             through_raws.append(raw)
         hits = len(through_keys)
         self.counters.add_many(mooncake_hits=hits, mooncake_misses=len(keys) - hits)
-        if through_keys:
-            written = self.local.put_many(namespace, through_keys, through_raws)
+        if through_keys and not self._through.submit(namespace, through_keys, through_raws):
+            written = self.local.put_many(namespace, through_keys, through_raws)  # backlog full
             self.counters.add("mooncake_written_through", written.count(True))
         return results
+
+    def flush_write_through(self, timeout_s: float = 30.0) -> bool:
+        """Waits until every verified Mooncake value read so far is on the local disk."""
+        return self._through.flush(timeout_s)
 
     def _verified(self, namespace: Namespace, key: str, value, size: int):
         """The raw page in a Mooncake value, after every rule of docs/FORMAT.md (the local
@@ -180,6 +257,7 @@ class TieredStore:
 
     def close(self) -> None:
         try:
+            self._through.close(timeout_s=30.0)
             self.tier.close()
         finally:
             self.local.close()

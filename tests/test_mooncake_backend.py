@@ -109,6 +109,7 @@ def test_a_page_written_on_node_a_is_a_hit_on_node_b(tmp_path, cluster):
         for slot, source in ((5, 0), (6, 1)):
             assert torch.equal(page_bytes(mamba, slot), page_bytes(reference_mamba, source))
         # ... and B's own disk now holds them: a second read needs no Mooncake
+        assert backend.store.flush_write_through(10)
         assert len(pool_records(tmp_path / "node-b", "kv")) == PAGES
         assert len(pool_records(tmp_path / "node-b", "mamba")) == 2
         stats = backend.stats()
