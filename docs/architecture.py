@@ -411,7 +411,7 @@ def data_path(canvas: Canvas, y: float, checked: set[str]) -> float:
         )
         .line("writes: local disk first, then each record published there is queued to Mooncake")
         .check(
-            "tiered.py: a Mooncake value is a whole record, checked V1-V16 (format.decode_record); "
+            "tiered.py: a Mooncake value is a whole record, checked V1-V16 by reader.decode_value; "
             "a bad one is a miss, removed"
         )
         .draw(OPTIONAL, style="--")
@@ -608,7 +608,7 @@ def module_map(canvas: Canvas, y: float, modules, rules, checked) -> float:
         .check("config.py + mooncake_options.py: every option (an unknown key, a bad value)")
         .check("crypto.py: the master key file is 32 bytes, readable by its owner only")
         .check("fingerprint.py: the identity of the weights, unless model_fingerprint is given")
-        .check("store.py: the root is a real directory; min_free_bytes fits its filesystem")
+        .check("layout.py: the root is a real directory; min_free_bytes fits its filesystem")
         .check("binding.py, as pools register: max_bytes holds a page; fp8 needs server args")
         .draw(("#ffffff", "#b9b9b9"))
     )
