@@ -1,18 +1,21 @@
 """Section ranking on the CPU: BM25 over sections and over their sentences, fused.
 
-Pure code (no I/O). Terms are lower-cased words stemmed with the Snowball English stemmer
-(PyStemmer, a C extension: stemming is most of the indexing cost), English stop words and
-question words removed. Each section is scored by
+Pure code (no I/O). Terms are lower-cased `\\w+` words stemmed with the Snowball English
+stemmer (PyStemmer, a C extension), English stop words and question words removed. Each
+section is scored by
 
     score = BM25(section body + heading path x heading_weight)
           + sentence_weight * max over its sentences of BM25(sentence)
-          + answer_weight * [that best sentence holds the kind of value the question asks for]
+          + answer_weight * total IDF * [that best sentence holds the kind of value asked for]
+          + attribute_weight * IDF in the best sentence * agreement of the attributes the
+            question names and those the best sentence names (attributes.py)
 
 The sentence term rewards sections where the question's words meet in one sentence (a fact is
 one sentence; a decoy that shares a name but sits in another context scatters them). The
 answer term is the classic question-answering cue: "when", "what year", "how many" ... ask for
-a number, so a best sentence with none is less likely to hold the answer. Document frequencies
-are kept live, so sections can be added and removed without a rebuild.
+a number, so a best sentence with none is less likely to hold the answer. The attribute term
+reads what a question asks about in its other words ("set ... back": a cost). Nothing is
+precomputed but each section's word ids, so sections can be added and removed at any time.
 """
 
 from __future__ import annotations
@@ -54,8 +57,8 @@ class RankParams:
     heading_weight: float = 2.0
     sentence_weight: float = 1.0
     answer_weight: float = 0.5  # times the question's total IDF
-    attribute_weight: float = 0.5  # times the question's total IDF
-    candidates: int = 8  # sections whose sentences are scored
+    attribute_weight: float = 0.5  # times the IDF of the question terms in the best sentence
+    candidates: int = 12  # sections whose sentences are scored
 
 
 _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
@@ -245,16 +248,17 @@ class _Corpus:
 class Ranker:
     """Sections (integer ids) indexed for `search`; add and remove at any time.
 
-    Indexing keeps each section's term ids (one int32 per word); a question scans them all at
-    once (numpy) for its few terms, so there are no postings to build or maintain: the index
-    is the analysed text. The scan is linear in the corpus (75,000 words here: well under a
-    millisecond)."""
+    Indexing keeps each section's word ids (one int32 per word, see Analyzer); a question maps
+    the ids of its terms' words to columns and scans all the sections' ids at once (numpy), so
+    there are no postings to build or maintain: the index is the analysed text. The scan is
+    linear in the corpus (75,000 words here: well under a millisecond; a corpus of millions of
+    words would want postings)."""
 
     def __init__(self, params: RankParams | None = None, analyzer: Analyzer | None = None):
         self.params = params or RankParams()
         self.analyzer = analyzer or Analyzer()
         self._sections: dict[int, _Indexed] = {}
-        self._corpus: _Corpus | None = None  # built on the first search after a change
+        self._corpus: _Corpus | None = None  # joined by prepare() (or the first search)
         self._num_sentences = 0
         self._sentence_terms = 0
 
