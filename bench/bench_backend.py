@@ -94,7 +94,8 @@ def storage_config(extra: dict) -> HiCacheStorageConfig:
     )
 
 
-def _galahad(host, work: str, name: str, **options):
+def galahad_backend(host, work: str, name: str, **options):
+    """GalahadStorage through SGLang's factory at work/name, the host pool registered."""
     backend = StorageBackendFactory.create_backend(
         "dynamic",
         storage_config(
@@ -133,9 +134,9 @@ def run_geometry(label, layers, page_tokens, heads, head_dim, args, rounds, work
         handle.write(os.urandom(32))
     os.chmod(key_file, 0o600)
     galahads = {
-        "Galahad v1 (default: deferred)": _galahad(host, work, "deferred"),
-        "Galahad v1 fsync": _galahad(host, work, "fsync", durability="fsync"),
-        "Galahad v1 encrypted": _galahad(host, work, "sealed", encryption_key_file=key_file),
+        "Galahad v1 (default: deferred)": galahad_backend(host, work, "deferred"),
+        "Galahad v1 fsync": galahad_backend(host, work, "fsync", durability="fsync"),
+        "Galahad v1 encrypted": galahad_backend(host, work, "sealed", encryption_key_file=key_file),
     }
     default = galahads["Galahad v1 (default: deferred)"]
 

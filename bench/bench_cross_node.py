@@ -224,27 +224,11 @@ def _tier_read(reader, namespace, keys: list[str], slots: list[int], page_bytes:
 
 
 def _galahad(host, root: Path, tier: dict):
-    from sglang.srt.mem_cache.hicache_storage import PoolName
-    from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+    from bench.bench_backend import galahad_backend
 
-    from bench.bench_backend import storage_config
-
-    backend = StorageBackendFactory.create_backend(
-        "dynamic",
-        storage_config(
-            {
-                "backend_name": "galahad",
-                "module_path": "hicache_galahad",
-                "class_name": "GalahadStorage",
-                "root": str(root),
-                "model_fingerprint": "bench-cross-node",
-                "mooncake": tier,
-            }
-        ),
-        host,
+    backend = galahad_backend(
+        host, str(root.parent), root.name, model_fingerprint="bench-cross-node", mooncake=tier
     )
-    backend.register_mem_pool_host(host)
-    backend.register_mem_host_pool_v2(host, PoolName.KV)
     deadline = time.monotonic() + 60
     while not backend.store.tier.available:
         assert time.monotonic() < deadline, "Mooncake never connected"

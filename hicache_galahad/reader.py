@@ -57,9 +57,11 @@ def _read_batches(segments):
         yield batch
 
 
-def open_record(path: str) -> int:
+def open_record(path: str, *, check_regular: bool = True) -> int:
     """A descriptor of the regular file at `path`; never follows a symlink, never blocks on a
-    FIFO. Raises FileNotFoundError, or NotARegularFileError (V0) for anything else there."""
+    FIFO. Raises FileNotFoundError, or NotARegularFileError (V0) for anything else there.
+    Without `check_regular` (the read path, to save an fstat), a FIFO or a directory opens,
+    and the caller's first read of it fails with one of NOT_REGULAR_ERRNOS."""
     try:
         fd = os.open(path, RECORD_OPEN_FLAGS)
     except FileNotFoundError:
@@ -68,6 +70,8 @@ def open_record(path: str) -> int:
         if error.errno in NOT_REGULAR_ERRNOS:
             raise fmt.NotARegularFileError(f"{path} is not a regular file") from error
         raise
+    if not check_regular:
+        return fd
     try:
         if not is_regular(fd):
             raise fmt.NotARegularFileError(f"{path} is not a regular file")
@@ -103,14 +107,7 @@ class RecordReader:
         raw_len = sum(len(segment) for segment in segments)
         filename = filename or record_filename(key)
         path = self.layout.namespace_prefix(namespace.dirname) + filename
-        try:
-            fd = os.open(path, RECORD_OPEN_FLAGS)
-        except FileNotFoundError:
-            raise
-        except OSError as error:
-            if error.errno in NOT_REGULAR_ERRNOS:
-                raise fmt.NotARegularFileError(f"{path} is not a regular file") from error
-            raise
+        fd = open_record(path, check_regular=False)
         try:
             if not (
                 raw_len <= FAST_READ_MAX_BYTES

@@ -47,6 +47,17 @@ def fill(store, namespace, count, label="k"):
         assert store.put(namespace, key(index, label), page(index))
 
 
+def live_temp_file(store: RecordStore, record_key: str) -> Path:
+    """A write in progress of `store`'s (live) process, as its writer names it."""
+    path = Path(
+        store.layout.new_temp_path(
+            ALICE.dirname, record_filename(record_key), store.accounting.token
+        )
+    )
+    path.write_bytes(b"in flight")
+    return path
+
+
 def records_of(root, namespace) -> list[str]:
     directory = Path(root) / "ns" / namespace.dirname
     return sorted(p.name for p in directory.iterdir() if p.name.endswith(".rec"))
@@ -164,12 +175,7 @@ def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
     root = str(tmp_path / "store")
     with RecordStore(root, durability="none") as store:
         fill(store, ALICE, 3)
-        live_temp = Path(
-            store.layout.new_temp_path(
-                ALICE.dirname, record_filename(key(7)), store.accounting.token
-            )
-        )
-        live_temp.write_bytes(b"x" * 1000)  # a write in progress of this (live) process
+        live_temp = live_temp_file(store, key(7))
         assert store.clear_namespace(ALICE) == 3
         assert live_temp.exists()
         report = store.check(fix=True)
@@ -197,12 +203,7 @@ def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files
     root = str(tmp_path / "store")
     with RecordStore(root, durability="none") as first:
         fill(first, ALICE, 1)
-        live_temp = Path(
-            first.layout.new_temp_path(
-                ALICE.dirname, record_filename(key(9)), first.accounting.token
-            )
-        )
-        live_temp.write_bytes(b"in flight")
+        live_temp = live_temp_file(first, key(9))
         for lock in (Path(root) / "procs").iterdir():
             lock.unlink()
         with RecordStore(root, durability="none"):
