@@ -20,6 +20,7 @@ is added by hand.
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import sys
@@ -174,9 +175,9 @@ def render(lexicon) -> str:
         "ATTRIBUTES: dict[str, dict[str, float]] = {",
     ]
     for attribute, words in lexicon.items():
-        lines.append(f"    {attribute!r}: {{")
+        lines.append(f"    {json.dumps(attribute)}: {{")
         for word, weight in words.items():
-            lines.append(f"        {word!r}: {weight},")
+            lines.append(f"        {json.dumps(word)}: {weight},")
         lines.append("    },")
     lines.append("}")
     return "\n".join(lines) + "\n"
