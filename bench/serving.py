@@ -8,6 +8,8 @@ a streamed /generate: the time from sending the request to the first streamed ch
 from __future__ import annotations
 
 import json
+import os
+import shlex
 import sys
 import time
 from dataclasses import dataclass
@@ -78,10 +80,35 @@ def server_args(
 CPU_PATCHES = "host_unpinned,kv_direct_io,extend_new_queries_only"
 
 
-def start(model_dir: Path, args: list[str], log_path: Path) -> e2e.Server:
+def cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bf16 natively (AVX-512 BF16 or AMX). Without it torch's bf16
+    matmul is emulated, about 45x slower than fp32 on an AVX2-only EPYC."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return True
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def cpu_dtype_args(args: list[str]) -> list[str]:
+    """`--dtype float32` for the CPU harness when bf16 is emulated (unless the caller chose a
+    dtype): the bf16 demo model is then served in fp32, the same for every storage mode."""
+    if "--dtype" in args or cpu_has_fast_bf16():
+        return []
+    return ["--dtype", "float32"]
+
+
+def start(
+    model_dir: Path, args: list[str], log_path: Path, env: dict[str, str] | None = None
+) -> e2e.Server:
+    """A server for `model_dir` with `args`, plus the flags in $GALAHAD_BENCH_SERVER_ARGS
+    (e.g. `--disable-cuda-graph` for a GPU run that only measures prefill); `env` is added to
+    the server's environment."""
+    args = [*args, *shlex.split(os.environ.get("GALAHAD_BENCH_SERVER_ARGS", ""))]
     if has_gpu():
-        return e2e.start_server(model_dir, args, log_path=log_path, harness=False)
-    env = {"SGLANG_CPU_TEST_PATCHES": CPU_PATCHES}
+        return e2e.start_server(model_dir, args, env=env, log_path=log_path, harness=False)
+    env = {"SGLANG_CPU_TEST_PATCHES": CPU_PATCHES, **(env or {})}
+    args = [*args, *cpu_dtype_args(args)]
     return e2e.start_server(model_dir, args, env=env, log_path=log_path)
 
 

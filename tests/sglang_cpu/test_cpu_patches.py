@@ -184,3 +184,24 @@ def test_real_host_pools_round_trip_under_harness():
     assert proc.returncode == 0 and "POOL ROUND TRIP OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:]
     )
+
+
+@pytest.mark.parametrize(("given", "expected"), [(None, "PASSIVE"), ("", ""), ("ACTIVE", "ACTIVE")])
+def test_run_script_sets_passive_openmp_wait_unless_given(given, expected):
+    """OpenMP threads sleep between parallel regions under the harness: libgomp's default
+    spin-wait made CPU servers several times slower beside a busy process (README.md, "OpenMP
+    under load"). A value the caller sets, even empty, is kept."""
+    env = dict(os.environ, SGLANG_CPU_PYTHON=sys.executable)
+    env.pop("OMP_WAIT_POLICY", None)
+    if given is not None:
+        env["OMP_WAIT_POLICY"] = given
+    proc = subprocess.run(
+        [str(HARNESS_DIR / "run"), sys.executable, "-c",
+         "import os; print(repr(os.environ.get('OMP_WAIT_POLICY')))"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.strip().splitlines()[-1] == repr(expected)
