@@ -13,7 +13,9 @@ flushed and dropped from the page cache with posix_fadvise DONTNEED), then warm;
 alternating rounds. Ceilings: an in-memory copy of the same pages between host slots (warm),
 and a plain sequential read of the record files (cold).
 
-Usage: .venv/bin/python bench/bench_backend.py [--quick]
+`--neighbours N` runs the whole benchmark beside N busy processes (the same for every backend).
+
+Usage: .venv/bin/python bench/bench_backend.py [--quick] [--neighbours N]
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  
 
 from bench.bench_store import machine  # noqa: E402
 from bench.cold_cache import drop_cache, plain_read  # noqa: E402
+from bench.load import Neighbours, loadavg  # noqa: E402
 
 # (layers, page tokens, kv heads, head dim) giving 32 KiB and 8 MiB bf16 pages
 GEOMETRIES = {"32 KiB": (4, 16, 2, 32), "8 MiB": (32, 64, 8, 64)}
@@ -247,15 +250,18 @@ def run_geometry(label, layers, page_tokens, heads, head_dim, args, rounds, work
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--neighbours", type=int, default=0, help="busy processes for the run")
     args = parser.parse_args()
     rounds = 2 if args.quick else 4
     work = tempfile.mkdtemp(prefix="galahad-bench-backend-", dir=os.environ.get("BENCH_DIR"))
-    print(f"# bench_backend on {machine()}")
+    print(f"# bench_backend on {machine()}; {args.neighbours} busy neighbour(s); load {loadavg()}")
     try:
-        for label, geometry in GEOMETRIES.items():
-            run_geometry(label, *geometry, args, rounds, work)
+        with Neighbours(args.neighbours):
+            for label, geometry in GEOMETRIES.items():
+                run_geometry(label, *geometry, args, rounds, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
+    print(f"\nload at the end: {loadavg()}")
 
 
 if __name__ == "__main__":

@@ -51,6 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from bench import serving  # noqa: E402
 from bench.bench_store import machine  # noqa: E402
+from bench.load import Neighbours, loadavg  # noqa: E402
 
 e2e = serving.e2e
 PAGE_SIZE = 16
@@ -76,44 +77,6 @@ def mode_env(mode: str) -> dict[str, str]:
 
 
 RECORD_PATTERNS = {"file": "*.bin", "galahad": "ns/*/*.rec"}
-
-
-def loadavg() -> str:
-    try:
-        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
-    except OSError:
-        return "?"
-
-
-# ------------------------------------------------------------------------------ busy neighbours
-
-
-class Neighbours:
-    """N busy-looping processes, each in its own session, stopped by PID."""
-
-    def __init__(self, count: int):
-        self.procs: list[subprocess.Popen] = []
-        for _ in range(count):
-            self.procs.append(
-                subprocess.Popen(
-                    [sys.executable, "-c", "while True: pass"],
-                    stdin=subprocess.DEVNULL,
-                    start_new_session=True,
-                )
-            )
-
-    @property
-    def pids(self) -> list[int]:
-        return [proc.pid for proc in self.procs]
-
-    def stop(self) -> None:
-        for proc in self.procs:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(proc.pid, signal.SIGKILL)
-        for proc in self.procs:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                proc.wait(timeout=10)
-        self.procs = []
 
 
 # ------------------------------------------------------------------------------ profiling
