@@ -15,7 +15,7 @@ and a plain sequential read of the record files (cold).
 
 `--neighbours N` runs the whole benchmark beside N busy processes (the same for every backend).
 
-Usage: .venv/bin/python bench/bench_backend.py [--quick] [--neighbours N]
+Usage: .venv/bin/python bench/bench_backend.py [--quick] [--rounds R] [--neighbours N]
 """
 
 from __future__ import annotations
@@ -251,10 +251,14 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--neighbours", type=int, default=0, help="busy processes for the run")
+    parser.add_argument("--rounds", type=int, default=None, help="default 4 (--quick: 2)")
     args = parser.parse_args()
-    rounds = 2 if args.quick else 4
+    rounds = args.rounds or (2 if args.quick else 4)
     work = tempfile.mkdtemp(prefix="galahad-bench-backend-", dir=os.environ.get("BENCH_DIR"))
-    print(f"# bench_backend on {machine()}; {args.neighbours} busy neighbour(s); load {loadavg()}")
+    print(
+        f"# bench_backend on {machine()}; best of {rounds} alternating rounds; "
+        f"{args.neighbours} busy neighbour(s); load {loadavg()}"
+    )
     try:
         with Neighbours(args.neighbours):
             for label, geometry in GEOMETRIES.items():

@@ -25,6 +25,8 @@ READ_CHUNK_BYTES = 1 << 20
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
 IOV_MAX = 1024
 FAST_READ_MAX_BYTES = 1 << 20
+# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere)
+RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 TOUCHED_LOCATIONS_MAX = 1_000_000
 
 
@@ -91,6 +93,7 @@ class RecordReader:
         self._key_proven: set[str] = set()  # namespaces where this reader's key opened a record
         self._touched: set = set()
         self._sound_wrong_size: set[int] = set()  # inodes of sound records of another size
+        self._nowait_works = bool(RWF_NOWAIT)
 
     def key_proven(self, dirname: str) -> bool:
         return dirname in self._key_proven
@@ -128,6 +131,46 @@ class RecordReader:
         finally:
             os.close(fd)
 
+    def read_cached_into(self, namespace: Namespace, key: str, out, filename: str) -> bool:
+        """read_into for a small record (plain or sealed, not compressed) whose bytes are all in
+        the page cache, on the caller's thread, never waiting for the disk (RWF_NOWAIT). False
+        when it cannot serve it so (not all cached, too large, missing, any doubt): the
+        caller then reads it with read_into, which decides and names any broken rule. A
+        batch of warm small pages is served without handing each page to a thread."""
+        if not self._nowait_works:
+            return False
+        segments = fmt.as_segments(out)
+        raw_len = sum(len(segment) for segment in segments)
+        if raw_len > FAST_READ_MAX_BYTES or len(segments) >= IOV_MAX - 2:
+            return False
+        try:
+            fd = open_record(
+                self.layout.namespace_prefix(namespace.dirname) + filename, check_regular=False
+            )
+        except (OSError, fmt.FormatError):
+            return False
+        try:
+            key_bytes = fmt.encode_key(key)
+            if self.codec.encrypted:
+                header, header_bytes = self.read_header(
+                    fd, os.fstat(fd).st_size, namespace, key_bytes, RWF_NOWAIT
+                )
+                if not header.encrypted or header.compressed or header.raw_len != raw_len:
+                    return False
+                self._read_sealed_into(fd, header, header_bytes, segments, namespace, RWF_NOWAIT)
+            elif not self._read_fast(fd, namespace, key_bytes, segments, raw_len, RWF_NOWAIT):
+                return False
+            location = (namespace.dirname, filename)
+            if location not in self._touched:
+                self._persist_recency(fd, location)
+            return True
+        except (OSError, fmt.FormatError) as error:
+            if getattr(error, "errno", None) in (errno.EOPNOTSUPP, errno.EINVAL):
+                self._nowait_works = False  # a kernel or filesystem without RWF_NOWAIT reads
+            return False
+        finally:
+            os.close(fd)
+
     def raw_len(self, namespace: Namespace, key: str) -> int:
         """The raw size a record declares, after its header checks (V0-V12)."""
         fd = open_record(self.layout.record_path(namespace.dirname, key))
@@ -148,17 +191,18 @@ class RecordReader:
             self._touched.clear()
         self._touched.add(location)
 
-    def _read_fast(self, fd, namespace, key_bytes, segments, raw_len: int) -> bool:
+    def _read_fast(self, fd, namespace, key_bytes, segments, raw_len: int, flags: int = 0):
         """One preadv for header, key echo and payload, straight into the caller's buffers.
         True only if the record passes every rule; on any doubt the caller re-reads it on the
-        full path, which names the rule that failed."""
+        full path, which names the rule that failed. `flags` go to preadv (RWF_NOWAIT: a
+        short read or EAGAIN when some of it is not in the page cache)."""
         codec = self.codec
         if codec.encrypted:
             return False
         head = bytearray(fmt.FIXED_HEADER_BYTES + len(key_bytes))
         sentinel = bytearray(1)  # stays empty only if the file ends where it should
         try:
-            if os.preadv(fd, [head, *segments, sentinel], 0) != len(head) + raw_len:
+            if os.preadv(fd, [head, *segments, sentinel], 0, flags) != len(head) + raw_len:
                 return False
         except OSError as error:
             if error.errno in NOT_REGULAR_ERRNOS:  # a FIFO, a directory: never a record
@@ -182,9 +226,13 @@ class RecordReader:
             hasher.update(segment)
         return hasher.digest() == digest
 
-    def read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes):
-        """(header, its bytes) of the record open at fd, after V1-V12."""
-        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+    def read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes, flags=0):
+        """(header, its bytes) of the record open at fd, after V1-V12; `flags` go to preadv."""
+        if flags:
+            prefix = bytearray(fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES)
+            del prefix[os.preadv(fd, [prefix], 0, flags) :]
+        else:
+            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
         header = fmt.parse_header(prefix, file_len)
         self.codec.check_identity(header, key_bytes, namespace.digest)
         return header, prefix[: header.header_len]
@@ -227,10 +275,11 @@ class RecordReader:
             self._key_proven.add(namespace.dirname)
         return body
 
-    def _read_sealed_into(self, fd, header, header_bytes, segments, namespace) -> None:
+    def _read_sealed_into(self, fd, header, header_bytes, segments, namespace, flags=0) -> None:
         """An encrypted record decrypted in place: the ciphertext is read straight into the
         caller's buffers and decrypted there (no temporary, no second copy). The buffers hold
-        unauthenticated bytes until the tag verifies; on a failure the caller gets a miss."""
+        unauthenticated bytes until the tag verifies; on a failure the caller gets a miss.
+        `flags` go to preadv."""
         cipher = self.codec.cipher(namespace.tenant)
         if cipher is None:
             raise fmt.AuthenticationError("encrypted record and no key for it")
@@ -238,10 +287,10 @@ class RecordReader:
         position = header.header_len
         for batch in _read_batches(segments):
             expected = sum(len(piece) for piece in batch)
-            if os.preadv(fd, batch, position) != expected:
+            if os.preadv(fd, batch, position, flags) != expected:
                 raise fmt.LengthMismatchError("record shrank while being read")
             position += expected
-        if os.preadv(fd, [tag], position) != fmt.TAG_BYTES:
+        if os.preadv(fd, [tag], position, flags) != fmt.TAG_BYTES:
             raise fmt.LengthMismatchError("record shrank while being read")
         decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
         for segment in segments:

@@ -176,9 +176,21 @@ class RecordStore:
         if len(keys) != len(outs) or self._closed:
             return [False] * len(keys)
         filenames = [record_filename(key) for key in keys]
-        results = self._parallel(
-            lambda i: self._read_guarded(namespace, keys[i], outs[i], filenames[i]), len(keys)
+        # Pages in the page cache are served here at once; only the others go to the I/O
+        # threads (for small warm pages the hand-off to threads cost more than the read).
+        results = [
+            self.reader.read_cached_into(namespace, key, out, filename)
+            for key, out, filename in zip(keys, outs, filenames, strict=True)
+        ]
+        rest = [index for index, ok in enumerate(results) if not ok]
+        rest_results = self._parallel(
+            lambda j: self._read_guarded(
+                namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]]
+            ),
+            len(rest),
         )
+        for index, ok in zip(rest, rest_results, strict=True):
+            results[index] = ok
         hits = results.count(True)
         self.counters.add_many(
             gets=len(keys),

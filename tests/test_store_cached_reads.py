@@ -1,0 +1,108 @@
+"""Reads of small records whose bytes are in the page cache are served on the caller's thread
+with RWF_NOWAIT reads (no hand-off to the I/O threads); everything else, and every doubt, goes
+to the full read path, which decides. Both paths must give the same answers."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from records import flip_byte, record_path, write_key_file
+
+from hicache_galahad import reader as reader_module
+from hicache_galahad.namespace import Namespace
+from hicache_galahad.store import RecordStore
+
+NS = Namespace("tenant", "model", "kv", {"page_bytes": 32768})
+PAGES = [bytes([index]) * 32768 for index in range(8)]
+KEYS = [f"{index:064x}" for index in range(8)]
+
+needs_nowait = pytest.mark.skipif(
+    not reader_module.RWF_NOWAIT, reason="os.RWF_NOWAIT is not available on this platform"
+)
+
+
+def drop_from_page_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fdatasync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def stored(tmp_path, **options) -> RecordStore:
+    store = RecordStore(str(tmp_path / "s"), durability="fsync", **options)
+    store.register_namespace(NS)
+    assert all(store.put_many(NS, KEYS, PAGES))
+    return store
+
+
+@needs_nowait
+def test_a_warm_record_is_served_on_the_callers_thread(tmp_path):
+    with stored(tmp_path) as store:
+        out = bytearray(32768)
+        assert store.reader.read_cached_into(NS, KEYS[3], out, os.path.basename(
+            record_path(tmp_path / "s", NS, KEYS[3])))  # fmt: skip
+        assert out == PAGES[3]
+
+
+@needs_nowait
+def test_a_record_not_in_the_page_cache_goes_to_the_full_path(tmp_path):
+    with stored(tmp_path) as store:
+        path = record_path(tmp_path / "s", NS, KEYS[5])
+        drop_from_page_cache(path)
+        assert not store.reader.read_cached_into(
+            NS, KEYS[5], bytearray(32768), os.path.basename(path)
+        )
+        outs = [bytearray(32768) for _ in KEYS]
+        assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
+        assert outs == [bytearray(page) for page in PAGES]
+        stats = store.stats()
+        assert stats["hits"] == len(KEYS) and stats["misses"] == 0
+
+
+def test_a_damaged_warm_record_is_a_miss_and_quarantined(tmp_path):
+    with stored(tmp_path) as store:
+        path = record_path(tmp_path / "s", NS, KEYS[2])
+        flip_byte(path, offset=-100)  # in the payload, still in the page cache
+        assert not store.reader.read_cached_into(
+            NS, KEYS[2], bytearray(32768), os.path.basename(path)
+        )
+        outs = [bytearray(32768) for _ in KEYS]
+        results = store.get_many_into(NS, KEYS, outs)
+        assert results == [index != 2 for index in range(len(KEYS))]
+        assert not os.path.exists(path) and store.stats()["quarantined"] == 1
+        assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 2)
+
+
+def test_missing_and_wrong_size_records_take_the_full_path(tmp_path):
+    with stored(tmp_path) as store:
+        name = os.path.basename(record_path(tmp_path / "s", NS, "absent"))
+        assert not store.reader.read_cached_into(NS, "absent", bytearray(32768), name)
+        name = os.path.basename(record_path(tmp_path / "s", NS, KEYS[0]))
+        assert not store.reader.read_cached_into(NS, KEYS[0], bytearray(16384), name)
+        results = store.get_many_into(NS, ["absent", KEYS[0]], [bytearray(32768)] * 2)
+        assert results == [False, True]
+
+
+@needs_nowait
+def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(tmp_path):
+    good = write_key_file(tmp_path / "good.key", bytes(range(32)))
+    with stored(tmp_path, encryption_key_file=good) as store:
+        names = [os.path.basename(record_path(tmp_path / "s", NS, key)) for key in KEYS]
+        out = bytearray(32768)
+        assert store.reader.read_cached_into(NS, KEYS[1], out, names[1]) and out == PAGES[1]
+        drop_from_page_cache(record_path(tmp_path / "s", NS, KEYS[4]))
+        assert not store.reader.read_cached_into(NS, KEYS[4], bytearray(32768), names[4])
+        flip_byte(record_path(tmp_path / "s", NS, KEYS[6]), offset=-40)  # ciphertext
+        assert not store.reader.read_cached_into(NS, KEYS[6], bytearray(32768), names[6])
+        outs = [bytearray(32768) for _ in KEYS]
+        assert store.get_many_into(NS, KEYS, outs) == [index != 6 for index in range(len(KEYS))]
+        assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 6)
+        assert store.stats()["quarantined"] == 1
+    wrong = write_key_file(tmp_path / "wrong.key", bytes(range(1, 33)))
+    with RecordStore(str(tmp_path / "s"), encryption_key_file=wrong) as store:
+        assert not store.reader.read_cached_into(NS, KEYS[1], bytearray(32768), names[1])
+        assert store.get_many_into(NS, KEYS[:2], [bytearray(32768)] * 2) == [False, False]
+        assert os.path.exists(record_path(tmp_path / "s", NS, KEYS[1]))  # a wrong key: kept
