@@ -106,3 +106,24 @@ def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(tmp_path):
         assert not store.reader.read_cached_into(NS, KEYS[1], bytearray(32768), names[1])
         assert store.get_many_into(NS, KEYS[:2], [bytearray(32768)] * 2) == [False, False]
         assert os.path.exists(record_path(tmp_path / "s", NS, KEYS[1]))  # a wrong key: kept
+
+
+@pytest.mark.parametrize("cached", [True, False])
+def test_a_sealed_page_of_many_pieces_is_written_only_once_its_tag_verifies(tmp_path, cached):
+    """A page split over layers (several buffers) is decrypted in a scratch buffer and copied
+    into the caller's buffers after the tag verifies: a tampered record leaves them as they
+    were, and a sound one fills them exactly, warm or cold."""
+    key_file = write_key_file(tmp_path / "k", bytes(range(32)))
+    with stored(tmp_path, encryption_key_file=key_file) as store:
+        for index in (2, 3):
+            if not cached:
+                drop_from_page_cache(record_path(tmp_path / "s", NS, KEYS[index]))
+        pieces = [bytearray(b"\xee" * 4096) for _ in range(8)]
+        assert store.get_many_into(NS, [KEYS[2]], [pieces]) == [True]
+        assert b"".join(pieces) == PAGES[2]
+        flip_byte(record_path(tmp_path / "s", NS, KEYS[3]), offset=-4000)
+        if not cached:
+            drop_from_page_cache(record_path(tmp_path / "s", NS, KEYS[3]))
+        pieces = [bytearray(b"\xee" * 4096) for _ in range(8)]
+        assert store.get_many_into(NS, [KEYS[3]], [pieces]) == [False]
+        assert all(piece == b"\xee" * 4096 for piece in pieces)
