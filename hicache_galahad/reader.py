@@ -11,7 +11,6 @@ import contextlib
 import errno
 import os
 import stat
-import threading
 
 from cryptography.exceptions import InvalidTag
 
@@ -19,21 +18,15 @@ from . import format as fmt
 from .codec import RecordCodec
 from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, record_filename
 from .namespace import Namespace
+from .payload import IOV_MAX, READ_CHUNK_BYTES, ScratchBuffers, read_plain_into, read_sealed_into
 
-READ_CHUNK_BYTES = 1 << 20
 # What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
 # symlink, a socket, a directory, a FIFO read with an offset).
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
-IOV_MAX = 1024
 FAST_READ_MAX_BYTES = 1 << 20
 # preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere)
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 TOUCHED_LOCATIONS_MAX = 1_000_000
-# A sealed record of several small pieces (a page of many layers) is decrypted in a per-thread
-# scratch buffer in one call and copied out after its tag verifies: each decrypt call has a
-# fixed cost that outweighs a copy of a small piece.
-SCRATCH_MAX_BYTES = 1 << 20
-SCRATCH_MIN_PIECES = 2
 
 
 def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
@@ -47,22 +40,6 @@ def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
     if isinstance(error, fmt.AuthenticationError):
         return not key_proven
     return False
-
-
-def _read_batches(segments):
-    """Groups buffers into preadv calls of about READ_CHUNK_BYTES (large ones are split), so
-    each batch is still in cache when it is hashed."""
-    batch, batch_bytes = [], 0
-    for segment in segments:
-        for offset in range(0, len(segment), READ_CHUNK_BYTES):
-            piece = segment[offset : offset + READ_CHUNK_BYTES]
-            batch.append(piece)
-            batch_bytes += len(piece)
-            if batch_bytes >= READ_CHUNK_BYTES or len(batch) >= IOV_MAX:
-                yield batch
-                batch, batch_bytes = [], 0
-    if batch:
-        yield batch
 
 
 def open_record(path: str, *, check_regular: bool = True) -> int:
@@ -100,7 +77,7 @@ class RecordReader:
         self._touched: set = set()
         self._sound_wrong_size: set[int] = set()  # inodes of sound records of another size
         self._nowait_works = bool(RWF_NOWAIT)
-        self._scratch = threading.local()
+        self._scratch = ScratchBuffers()
 
     def key_proven(self, dirname: str) -> bool:
         return dirname in self._key_proven
@@ -244,6 +221,13 @@ class RecordReader:
         self.codec.check_identity(header, key_bytes, namespace.digest)
         return header, prefix[: header.header_len]
 
+    def _read_sealed_into(self, fd, header, header_bytes, segments, namespace, flags=0) -> None:
+        cipher = self.codec.cipher(namespace.tenant)
+        if cipher is None:
+            raise fmt.AuthenticationError("encrypted record and no key for it")
+        read_sealed_into(fd, header, header_bytes, segments, cipher, self._scratch, flags)
+        self._key_proven.add(namespace.dirname)
+
     def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
         header, header_bytes = self.read_header(fd, file_len, namespace, key_bytes)
         expected_len = sum(len(segment) for segment in segments)
@@ -261,7 +245,7 @@ class RecordReader:
                 f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
         if not header.compressed and not header.encrypted:
-            self._read_plain_into(fd, header, header_bytes, segments)
+            read_plain_into(fd, header, header_bytes, segments)
             return
         if header.encrypted and not header.compressed:
             self._read_sealed_into(fd, header, header_bytes, segments, namespace)
@@ -281,76 +265,6 @@ class RecordReader:
         if header.encrypted:
             self._key_proven.add(namespace.dirname)
         return body
-
-    def _read_sealed_into(self, fd, header, header_bytes, segments, namespace, flags=0) -> None:
-        """An encrypted record decrypted in place: the ciphertext is read straight into the
-        caller's buffers and decrypted there (no temporary, no second copy). The buffers hold
-        unauthenticated bytes until the tag verifies; on a failure the caller gets a miss.
-        `flags` go to preadv."""
-        cipher = self.codec.cipher(namespace.tenant)
-        if cipher is None:
-            raise fmt.AuthenticationError("encrypted record and no key for it")
-        if len(segments) >= SCRATCH_MIN_PIECES and header.raw_len <= SCRATCH_MAX_BYTES:
-            self._read_sealed_via_scratch(fd, header, header_bytes, segments, cipher, flags)
-            self._key_proven.add(namespace.dirname)
-            return
-        tag = bytearray(fmt.TAG_BYTES)
-        position = header.header_len
-        for batch in _read_batches(segments):
-            expected = sum(len(piece) for piece in batch)
-            if os.preadv(fd, batch, position, flags) != expected:
-                raise fmt.LengthMismatchError("record shrank while being read")
-            position += expected
-        if os.preadv(fd, [tag], position, flags) != fmt.TAG_BYTES:
-            raise fmt.LengthMismatchError("record shrank while being read")
-        decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
-        for segment in segments:
-            _decrypt_in_place(decryptor, segment)
-        try:
-            decryptor.finalize()
-        except InvalidTag:
-            raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
-        self._key_proven.add(namespace.dirname)
-
-    def _read_sealed_via_scratch(self, fd, header, header_bytes, segments, cipher, flags):
-        """A small sealed record of several pieces: ciphertext and tag read in one call into
-        this thread's scratch buffer, decrypted there in one call, and copied into the caller's
-        buffers only after the tag verifies."""
-        size = header.raw_len
-        scratch = getattr(self._scratch, "buffer", None)
-        if scratch is None:
-            scratch = self._scratch.buffer = memoryview(bytearray(SCRATCH_MAX_BYTES + 32))
-        ciphertext = scratch[:size]
-        tag = bytearray(fmt.TAG_BYTES)
-        if os.preadv(fd, [ciphertext, tag], header.header_len, flags) != size + fmt.TAG_BYTES:
-            raise fmt.LengthMismatchError("record shrank while being read")
-        decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
-        decryptor.update_into(ciphertext, scratch[: size + 15])  # GCM writes what it reads
-        try:
-            decryptor.finalize()
-        except InvalidTag:
-            raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
-        offset = 0
-        for segment in segments:
-            segment[:] = scratch[offset : offset + len(segment)]
-            offset += len(segment)
-
-    def _read_plain_into(self, fd, header, header_bytes, segments) -> None:
-        """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
-        hasher = fmt.new_digest(header.digest_alg)
-        if hasher is not None:
-            fmt.hash_header(hasher, header_bytes)
-        position = header.header_len
-        for batch in _read_batches(segments):
-            expected = sum(len(piece) for piece in batch)
-            if os.preadv(fd, batch, position) != expected:
-                raise fmt.LengthMismatchError("record shrank while being read")
-            position += expected
-            if hasher is not None:
-                for piece in batch:
-                    hasher.update(piece)
-        if hasher is not None and hasher.digest() != header.digest:
-            raise fmt.DigestMismatchError("digest mismatch")
 
     def decode_value(self, namespace: Namespace, key: str, value, expected_raw_len: int):
         """The raw page of a whole record held in memory (a value from a shared tier), after
@@ -422,20 +336,6 @@ class RecordReader:
                 raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
         if decoded_len != header.raw_len:
             raise fmt.DecompressionError("payload does not decode to exactly its raw length")
-
-
-def _decrypt_in_place(decryptor, segment: memoryview) -> None:
-    """Decrypts `segment` in place. The library asks for an output buffer 15 bytes longer
-    than its input, so all but the last 16 bytes are decrypted over themselves (the 15 bytes
-    after them are ciphertext not yet read, and untouched: GCM writes exactly what it reads)
-    and the last 16 through a small buffer."""
-    size = len(segment)
-    tail_start = max(0, size - 16)
-    if tail_start:
-        decryptor.update_into(segment[:tail_start], segment[: tail_start + 15])
-    tail = bytearray(size - tail_start + 15)
-    written = decryptor.update_into(bytes(segment[tail_start:]), tail)
-    segment[tail_start:] = tail[:written]
 
 
 class _PayloadSource:
