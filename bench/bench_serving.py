@@ -362,11 +362,16 @@ def wait_store_settled(mode: str, store: Path, at_least: int) -> int:
     )
 
 
+def maybe_profile(setup: Setup, server, mode: str, tag: str) -> Profiler | None:
+    """A profile of the server's scheduler under profile_dir/<tag>.txt if `mode` is profiled."""
+    if mode not in setup.profile or setup.profile_dir is None:
+        return None
+    return Profiler(server, setup.profile_dir / f"{tag}.txt", setup.profile_flags)
+
+
 def client_run(setup: Setup, server, mode: str, phase: str, round_index: int) -> RunResult:
     tag = f"{mode}-{phase}-{round_index}"
-    profiler = None
-    if mode in setup.profile and setup.profile_dir is not None:
-        profiler = Profiler(server, setup.profile_dir / f"{tag}.txt", setup.profile_flags)
+    profiler = maybe_profile(setup, server, mode, tag)
     before = loadavg()
     try:
         record = run_client(
@@ -452,10 +457,7 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
     server = serving.start(
         setup.model, args, setup.scratch / f"{mode}-warm-{round_index}.log", env=mode_env(mode)
     )
-    profiler = None
-    if mode in setup.profile and setup.profile_dir is not None:
-        out = setup.profile_dir / f"{mode}-warm-{round_index}.txt"
-        profiler = Profiler(server, out, setup.profile_flags)
+    profiler = maybe_profile(setup, server, mode, f"{mode}-warm-{round_index}")
     try:
         for length, prompt in prompts.items():
             cold[length] = serving.stream_generate(server, prompt, 1).ttft_s
@@ -471,10 +473,7 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
     if has_storage:
         log = setup.scratch / f"{mode}-restored-{round_index}.log"
         server = serving.start(setup.model, args, log, env=mode_env(mode))
-        profiler = None
-        if mode in setup.profile and setup.profile_dir is not None:
-            out = setup.profile_dir / f"{mode}-restored-{round_index}.txt"
-            profiler = Profiler(server, out, setup.profile_flags)
+        profiler = maybe_profile(setup, server, mode, f"{mode}-restored-{round_index}")
         try:
             for length, prompt in prompts.items():
                 restored[length] = serving.stream_generate(server, prompt, 1)

@@ -7,6 +7,7 @@ import json
 import pickle
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -75,8 +76,11 @@ def test_neighbours_are_busy_until_stopped_by_pid():
     neighbours = Neighbours(2)
     try:
         assert len(neighbours.pids) == 2
-        for pid in neighbours.pids:
-            assert b"while True" in Path(f"/proc/{pid}/cmdline").read_bytes()
+        for pid in neighbours.pids:  # each has exec'd its busy loop (not only forked)
+            deadline = time.monotonic() + 30
+            while b"while True" not in Path(f"/proc/{pid}/cmdline").read_bytes():
+                assert time.monotonic() < deadline, pid
+                time.sleep(0.05)
     finally:
         pids = neighbours.pids
         neighbours.stop()
