@@ -179,7 +179,7 @@ class RecordStore:
         # Pages in the page cache are served here at once; only the others go to the I/O
         # threads (for small warm pages the hand-off to threads cost more than the read).
         results = [
-            self.reader.read_cached_into(namespace, key, out, filename)
+            self._read_cached(namespace, key, out, filename)
             for key, out, filename in zip(keys, outs, filenames, strict=True)
         ]
         rest = [index for index, ok in enumerate(results) if not ok]
@@ -221,6 +221,14 @@ class RecordStore:
         ok = self._read_guarded(namespace, key, bytearray(expected_size))
         self.counters.add_many(gets=1, hits=int(ok))
         return ok
+
+    def _read_cached(self, namespace: Namespace, key: str, out, filename: str) -> bool:
+        """The page-cache path; anything unexpected there only sends the record to the full
+        path (_read_guarded), which counts and reports it."""
+        try:
+            return self.reader.read_cached_into(namespace, key, out, filename)
+        except Exception:
+            return False
 
     def _read_guarded(self, namespace: Namespace, key: str, out, filename=None) -> bool:
         """One read; False on a miss of any kind (counted here; hits are counted by the

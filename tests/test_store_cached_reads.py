@@ -127,3 +127,12 @@ def test_a_sealed_page_of_many_pieces_is_written_only_once_its_tag_verifies(tmp_
         pieces = [bytearray(b"\xee" * 4096) for _ in range(8)]
         assert store.get_many_into(NS, [KEYS[3]], [pieces]) == [False]
         assert all(piece == b"\xee" * 4096 for piece in pieces)
+
+
+def test_a_destination_the_cached_path_cannot_use_is_a_miss_not_an_exception(tmp_path):
+    with stored(tmp_path) as store:
+        assert store.get_many_into(NS, [KEYS[0], KEYS[1]], [object(), bytearray(32768)]) == [
+            False,
+            True,
+        ]
+        assert store.stats()["unexpected_errors"] == 1
