@@ -116,13 +116,14 @@ class RecordReader:
             os.close(fd)
 
     def read_cached_into(self, namespace: Namespace, key: str, out, filename: str) -> bool:
-        """read_into for a small record (plain or sealed, not compressed) whose bytes are all in
-        the page cache, on the caller's thread, never waiting for the disk (RWF_NOWAIT). False
-        when it cannot serve it so (not all cached, too large, missing, any doubt): the
-        caller then reads it with read_into, which decides and names any broken rule. A
-        batch of warm small pages is served without handing each page to a thread."""
-        if not self._nowait_works:
-            return False
+        """read_into for a small record of a store without compression (plain or sealed)
+        whose bytes are all in the page cache, on the caller's thread, never waiting for the
+        disk (RWF_NOWAIT). False when it cannot serve it so (not all cached, too large,
+        missing, any doubt): the caller then reads it with read_into, which decides and names
+        any broken rule. A batch of warm small pages is served without handing each page to a
+        thread."""
+        if not self._nowait_works or self.codec.compression != "none":
+            return False  # (a compressed record would be read here only to be read again)
         segments = fmt.as_segments(out)
         raw_len = sum(len(segment) for segment in segments)
         if raw_len > FAST_READ_MAX_BYTES or len(segments) >= IOV_MAX - 2:
