@@ -21,8 +21,7 @@ class LedgerLike(Protocol):
 
     def read(self) -> int: ...
     def reserve(self, amount: int, limit: int | None) -> bool: ...
-    def commit(self, amount: int) -> None: ...
-    def release_reservation(self, amount: int) -> None: ...
+    def settle(self, committed_bytes: int, released_bytes: int) -> None: ...
 
 
 class Evictor(Protocol):
@@ -62,6 +61,8 @@ class Budget:
         self._reclaim = reclaim  # takes back reservations of dead processes; True if any
         self._on_event = on_event
         self._pending_bytes = 0
+        self._unsettled_kept_bytes = 0  # settles the ledger refused, retried with the next
+        self._unsettled_released_bytes = 0
         self._pending_lock = threading.Lock()
 
     @property
@@ -93,12 +94,27 @@ class Budget:
 
     def end_reservation(self, amount: int, *, keep: bool) -> None:
         """Ends a reservation: kept when its record was published, else released."""
+        self.settle(amount if keep else 0, 0 if keep else amount)
+
+    def settle(self, kept_bytes: int, released_bytes: int) -> None:
+        """Ends reservations of a whole batch at once (one ledger update): `kept_bytes` were
+        published, `released_bytes` were not. If the ledger cannot be written (OSError), the
+        amounts are carried into the next settle, so the ledger over-counts meanwhile (the
+        safe side) and comes right once it can be written again."""
         with self._pending_lock:
-            self._pending_bytes -= amount
-        if keep:
-            self.ledger.commit(amount)
-        else:
-            self.ledger.release_reservation(amount)
+            self._pending_bytes -= kept_bytes + released_bytes
+            kept_bytes += self._unsettled_kept_bytes
+            released_bytes += self._unsettled_released_bytes
+            self._unsettled_kept_bytes = self._unsettled_released_bytes = 0
+        if not (kept_bytes or released_bytes):
+            return
+        try:
+            self.ledger.settle(kept_bytes, released_bytes)
+        except OSError:
+            with self._pending_lock:
+                self._unsettled_kept_bytes += kept_bytes
+                self._unsettled_released_bytes += released_bytes
+            raise
 
     def _free_shortfall(self) -> int:
         return self.min_free_bytes - (self._free_bytes() - self.pending_bytes)

@@ -215,6 +215,7 @@ class Ledger:
         with self._thread_lock:
             self._reopen_if_replaced()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
+            mine_before = self._mine
             try:
                 state = self._read_state()
                 before = state.pack()
@@ -231,6 +232,9 @@ class Ledger:
                     os.pwrite(self._fd, after, 0)
                     os.ftruncate(self._fd, len(after))
                 return result
+            except BaseException:
+                self._mine = mine_before  # the update did not happen: nothing of it is kept
+                raise
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
 
@@ -257,21 +261,13 @@ class Ledger:
 
         return self._locked(update)
 
-    def commit(self, amount: int) -> None:
-        """A reserved record was published: its bytes are committed."""
+    def settle(self, committed_bytes: int, released_bytes: int) -> None:
+        """Ends reservations in one update: `committed_bytes` of them became records on disk,
+        `released_bytes` were not published."""
 
         def update(state: _State) -> None:
-            moved = min(amount, self._mine)
-            self._mine -= moved
-            state.committed += amount
-
-        self._locked(update)
-
-    def release_reservation(self, amount: int) -> None:
-        """A reserved record was not published."""
-
-        def update(state: _State) -> None:
-            self._mine = max(0, self._mine - amount)
+            self._mine = max(0, self._mine - committed_bytes - released_bytes)
+            state.committed += committed_bytes
 
         self._locked(update)
 

@@ -25,6 +25,7 @@ no partial record behind.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
@@ -393,6 +394,8 @@ class RecordStore:
         if self.flusher is not None:
             self.flusher.close()
         self._persist_counters(force=True)
+        with contextlib.suppress(OSError):
+            self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()
 
     def __enter__(self):

@@ -272,3 +272,26 @@ def test_check_fix_during_a_write_keeps_the_budget(tmp_path, monkeypatch):
         for index in range(5, 20):
             assert store.put(NS_A, f"k-{index:02d}", content(str(index), raw))
             assert store_disk_bytes(root) <= max_bytes
+
+
+def test_a_batch_larger_than_the_room_stores_what_fits_in_order(tmp_path):
+    """The batch's bytes are reserved together when they fit; when they do not, record by
+    record in order: the head of the chain is stored, the rest fails, nothing is evicted
+    that could not make room, and the ledger matches the disk."""
+    raw = 10_000
+    keys = [f"chain-{index:02d}" for index in range(8)]
+    size = record_bytes(keys[0], raw)
+    root = str(tmp_path / "store")
+    with RecordStore(root, max_bytes=5 * size, durability="none") as store:
+        store.register_namespace(NS_A)
+        datas = [content(key, raw) for key in keys]
+        assert store.put_many(NS_A, keys, datas) == [True] * 5 + [False] * 3
+        assert present(store, keys) == set(keys[:5])
+        assert store.usage_bytes() == store_disk_bytes(root) == 5 * size
+        assert store.counters.snapshot()["no_space"] == 3
+        # The next batch fits by evicting (a chain's tail goes first): reserved as a whole.
+        more = [f"more-{index:02d}" for index in range(3)]
+        assert store.put_many(NS_A, more, [content(k, raw) for k in more]) == [True] * 3
+        assert present(store, keys + more) == set(keys[:2] + more)
+        assert store.usage_bytes() == store_disk_bytes(root) <= 5 * size
+        assert temp_files(root) == []

@@ -232,3 +232,37 @@ def test_statvfs_failure_with_min_free_fails_the_put_cleanly(tmp_path, monkeypat
         assert store.usage_bytes() == 0 and temp_files(store.root) == []
         assert store.put(NS_A, "k", b"k" * 100)
         assert store.usage_bytes() == store_disk_bytes(store.root)
+
+
+def _is_ledger_write(args) -> bool:
+    return os.readlink(f"/proc/self/fd/{args[0]}").endswith("/ledger")
+
+
+def test_ledger_refusing_the_settle_over_counts_then_comes_right(store, monkeypatch):
+    """The batch's records are published but the ledger cannot be written to end their
+    reservations: the puts still succeed (the records are sound), the ledger over-counts
+    meanwhile, never under-counts, and the next batch's settle brings it right."""
+    root = store.root
+    keys = [f"settle-{index}" for index in range(4)]
+    datas = [content(key, 30_000) for key in keys]
+    real_link = os.link
+    fault = None
+
+    def link_then_fail_ledger(*args, **kwargs):
+        nonlocal fault
+        real_link(*args, **kwargs)
+        if fault is None:  # from now on the ledger cannot be written
+            fault = Fault(monkeypatch, "pwrite", errno.EIO, when=_is_ledger_write)
+
+    monkeypatch.setattr(os, "link", link_then_fail_ledger)
+    before = snapshot(store)
+    assert store.put_many(NS_A, keys, datas) == [True] * len(keys)
+    monkeypatch.undo()
+    assert fault is not None and fault.raised >= 1
+    assert snapshot(store)["io_errors"] - before["io_errors"] == 1
+    assert all(checked_get(store, NS_A, key, data) for key, data in zip(keys, datas, strict=True))
+    assert store.usage_bytes() >= store_disk_bytes(root)
+
+    assert store.put(NS_A, "after", content("after", 30_000))
+    assert store.usage_bytes() == store_disk_bytes(root)
+    assert store.check().clean
