@@ -1,11 +1,13 @@
 """The staged write: temp files, then one flush, then publication with link(2).
 
-A batch of records is written in three phases: every record goes to its own temp file (its
-bytes reserved in the budget first), then the temp files are fsynced concurrently (the
-filesystem commits them together), then each is published with link(2), which never replaces
-a record, and the directory is fsynced once. A SIGKILL at any point leaves at most temp files,
-which are never read as records. A put that cannot complete returns False and leaves nothing
-partial behind.
+A batch of records is written in phases: every record is encoded, then the batch's bytes are
+reserved in the budget with one ledger update (record by record, in order, when the batch does
+not fit as a whole), then every record goes to its own temp file, then (in "fsync" durability)
+the temp files are fsynced concurrently (the filesystem commits them together), then each is
+published with link(2), which never replaces a record, and the reservations end with one
+ledger update. A SIGKILL at any point leaves at most temp files, which are never read as
+records, and a reservation that the next rebuild takes back. A put that cannot complete
+returns False and leaves nothing partial behind.
 """
 
 from __future__ import annotations
