@@ -19,7 +19,10 @@ find the prefix already in device memory).
 
 Then, per length (default 4096 tokens), the limit of a restore: TTFT for the same prompt on a
 warm server (a device-memory hit, no restart) beside the restored TTFT after a restart, for
-both storage backends, and the recompute TTFT without storage.
+both storage backends, and the recompute TTFT without storage. The restore is timed twice, on
+two restarts: as the server's very first request, and after one unrelated 64-token request
+(the start-up warm-up SGLang sends itself, which the harness skips with
+`--skip-server-warmup`), so a server's first-request costs are told apart from the restore.
 
 Modes run interleaved in every round, so each ratio compares runs made under the same load.
 `--neighbours N` starts N busy processes (`python -c 'while True: pass'`) before the first run
@@ -441,7 +444,11 @@ class WarmResult:
     round: int
     cold_s: float
     warm_hit_s: float  # same prompt again on the same server (device-memory hit)
-    restored_s: float | None  # same prompt after a restart on the same store
+    # same prompt after a restart on the same store, once as the restarted server's very first
+    # request, once after one unrelated short request (what SGLang's own start-up warm-up,
+    # skipped by the harness, would have sent)
+    restored_first_s: float | None
+    restored_s: float | None
     restored_storage_tokens: int
     load_before: str
     load_after: str
@@ -469,14 +476,19 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
         if profiler is not None:
             profiler.stop()
         server.stop()
+    restored_first: dict[int, serving.Timed] = {}
     restored: dict[int, serving.Timed] = {}
-    if has_storage:
-        log = setup.scratch / f"{mode}-restored-{round_index}.log"
-        server = serving.start(setup.model, args, log, env=mode_env(mode))
-        profiler = maybe_profile(setup, server, mode, f"{mode}-restored-{round_index}")
+    for warmed_up, timings in ((False, restored_first), (True, restored)):
+        if not has_storage:
+            break
+        name = f"{mode}-restored{'-warmed' if warmed_up else ''}-{round_index}"
+        server = serving.start(setup.model, args, setup.scratch / f"{name}.log", env=mode_env(mode))
+        profiler = maybe_profile(setup, server, mode, name) if warmed_up else None
         try:
+            if warmed_up:  # unrelated ids: shares no page with the timed prompts
+                serving.stream_generate(server, prompt_ids(64, 999_983, vocab), 1)
             for length, prompt in prompts.items():
-                restored[length] = serving.stream_generate(server, prompt, 1)
+                timings[length] = serving.stream_generate(server, prompt, 1)
         finally:
             if profiler is not None:
                 profiler.stop()
@@ -484,7 +496,7 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
     after = loadavg()
     results = []
     for length in lengths:
-        timed = restored.get(length)
+        timed, first = restored.get(length), restored_first.get(length)
         results.append(
             WarmResult(
                 mode,
@@ -492,6 +504,7 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
                 round_index,
                 cold[length],
                 warm[length],
+                first.ttft_s if first else None,
                 timed.ttft_s if timed else None,
                 timed.storage_tokens if timed else 0,
                 before,
@@ -585,10 +598,10 @@ def print_serving_tables(runs: list[RunResult], modes: list[str]) -> None:
 def print_warm_table(warm: list[WarmResult], modes: list[str]) -> None:
     print("\n## Warm hit vs restored (median over rounds; ratios per round, then the median)\n")
     print(
-        "| tokens | mode | cold | warm hit | restored | restored / warm hit "
-        "| restored / file restored | from storage |"
+        "| tokens | mode | cold | warm hit | restored, first request | restored | "
+        "restored / warm hit | restored / file restored | from storage |"
     )
-    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|---:|")
     for length in sorted({w.length for w in warm}):
         for mode in modes:
             mine = [w for w in warm if w.mode == mode and w.length == length]
@@ -612,7 +625,11 @@ def print_warm_table(warm: list[WarmResult], modes: list[str]) -> None:
             print(
                 f"| {length} | {mode} | {median(w.cold_s for w in mine):.2f} s "
                 f"| {median(w.warm_hit_s for w in mine):.3f} s "
-                + (f"| {restored:.3f} s " if per_round else "| - ")
+                + (
+                    f"| {median(w.restored_first_s for w in mine):.3f} s | {restored:.3f} s "
+                    if per_round
+                    else "| - | - "
+                )
                 + (f"| {median(per_round):.2f}x " if per_round else "| - ")
                 + (f"| {median(vs_file):.2f} " if vs_file else "| - ")
                 + f"| {median(w.restored_storage_tokens for w in mine):.0f} |"
