@@ -148,7 +148,7 @@ class Profiler:
             return
         self.before = thread_stats(self.pid)
         self.started = time.monotonic()
-        command = [self.py_spy, "record", "-p", str(self.pid), "-r", "50", "-f", "raw"]
+        command = [self.py_spy, "record", "-p", str(self.pid), "-r", "250", "-f", "raw"]
         command += ["-o", str(out), "--threads"]
         # without --native, sample without pausing the process (the timings stay honest)
         command += flags if "--native" in flags else [*flags, "--nonblocking"]

@@ -86,16 +86,27 @@ def test_transfer_kv_direct_matches_reference(dtype):
     assert all(torch.equal(a, b) for a, b in zip(dst, want, strict=True))
 
 
+# (host pages, device pages): scattered (one gather and one scatter per layer), and in runs of
+# consecutive pages (one copy per run, as the C++ kernel does)
+PAGE_PATTERNS = {
+    "scattered": ([9, 7, 5, 3, 1, 8, 6, 4, 2], [0, 2, 4, 6, 8, 10, 12, 14, 1]),
+    "few": ([7, 2, 5], [3, 9, 0]),
+    "runs": ([0, 1, 2, 3, 4, 5, 6, 8, 9], [4, 5, 6, 7, 8, 9, 10, 1, 2]),
+}
+
+
+@pytest.mark.parametrize("pattern", sorted(PAGE_PATTERNS))
 @pytest.mark.parametrize("kv_pair", [True, False], ids=["mha", "single-buffer"])
 @pytest.mark.parametrize("page_size", [1, 4])
-def test_page_first_direct_matches_reference(kv_pair, page_size):
+def test_page_first_direct_matches_reference(kv_pair, page_size, pattern):
     g = torch.Generator().manual_seed(2)
     layers, pages, tokens = 3, 10, 64
     n_host = 2 if kv_pair else 1
     host = [torch.randn(pages, layers, page_size, 2, 8, generator=g) for _ in range(n_host)]
     device = [torch.randn(tokens, 2, 8, generator=g) for _ in range(layers * n_host)]
-    host_idx = _pages([7 * page_size, 2 * page_size, 5 * page_size], page_size)
-    dev_idx = _pages([3 * page_size, 9 * page_size, 0], page_size)
+    host_pages, device_pages = PAGE_PATTERNS[pattern]
+    host_idx = _pages([page * page_size for page in host_pages], page_size)
+    dev_idx = _pages([page * page_size for page in device_pages], page_size)
 
     # device -> host, all layers
     got_host, want_host = _clone(host), _clone(host)

@@ -117,8 +117,23 @@ def _page_first_direct(
         host_pages = src_starts // page_size
         device_rows = (dst_starts[:, None] + offsets).reshape(-1)
     num_layers = len(device_layers) // len(host_buffers)
+    runs = _page_runs(host_pages, device_rows[::page_size], page_size)
 
     for j in range(num_layers):
+        if runs is not None:  # the C++ kernel's way: one copy per run of consecutive pages
+            for c, host in enumerate(host_buffers):
+                device = device_layers[j + c * num_layers]
+                for host_start, row_start, count in runs:
+                    host_part = host[
+                        host_start : host_start + count, start_layer_id + j, :page_size
+                    ]
+                    device_part = device[row_start : row_start + count * page_size]
+                    device_part = device_part.view(count, page_size, *device.shape[1:])
+                    if layer_first_to_page_first:
+                        host_part.copy_(device_part)
+                    else:
+                        device_part.copy_(host_part)
+            continue
         for c, host in enumerate(host_buffers):  # c = 0: K (or the only buffer), c = 1: V
             device = device_layers[j + c * num_layers]
             layer = start_layer_id + j
@@ -131,6 +146,27 @@ def _page_first_direct(
                 data = host[pages, layer, :page_size]
                 data = data.reshape(num_pages * page_size, *device.shape[1:])
                 device.index_copy_(0, rows, data.to(device=device.device, dtype=device.dtype))
+
+
+def _page_runs(host_pages, device_starts, page_size: int):
+    """[(host page, device row, pages)] for maximal runs where both sides advance by one page,
+    or None when the pages are too scattered for runs to pay (then one gather and one scatter
+    per layer, as before)."""
+    import torch
+
+    if host_pages.numel() == 1:
+        breaks = torch.zeros(0, dtype=torch.int64)
+    else:
+        breaks = torch.nonzero(
+            (host_pages[1:] - host_pages[:-1] != 1)
+            | (device_starts[1:] - device_starts[:-1] != page_size)
+        ).flatten()
+    if breaks.numel() + 1 > max(4, host_pages.numel() // 8):
+        return None
+    starts = [0, *(breaks + 1).tolist()]
+    ends = [*starts[1:], host_pages.numel()]
+    hosts, rows = host_pages.tolist(), device_starts.tolist()
+    return [(hosts[a], rows[a], b - a) for a, b in zip(starts, ends, strict=True)]
 
 
 def transfer_kv_per_layer_direct_pf_lf(
