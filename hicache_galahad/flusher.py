@@ -28,6 +28,7 @@ class Flusher:
         self._counters = counters
         self._warn = RateLimitedLog(log)
         self._pending: dict[str, set[str]] = {}
+        self._in_flight = 0  # taken from _pending by a flush that has not finished
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
@@ -41,8 +42,9 @@ class Flusher:
 
     @property
     def pending(self) -> int:
+        """Records published and not yet flushed (queued, or in a flush still running)."""
         with self._lock:
-            return sum(len(names) for names in self._pending.values())
+            return self._in_flight + sum(len(names) for names in self._pending.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -53,17 +55,22 @@ class Flusher:
         with self._flush_lock:
             with self._lock:
                 pending, self._pending = self._pending, {}
-            paths = [os.path.join(d, name) for d, names in pending.items() for name in names]
-            flushed = sum(self._pool.map(self._fsync_file, paths))
-            for directory in pending:
-                try:
-                    fsync_dir(directory)
-                except OSError as error:
-                    self._failed(directory, error)
-            if paths:
-                self._counters.add("flushes")
-                self._counters.add("flushed_records", flushed)
-            return flushed
+                paths = [os.path.join(d, name) for d, names in pending.items() for name in names]
+                self._in_flight = len(paths)
+            try:
+                flushed = sum(self._pool.map(self._fsync_file, paths))
+                for directory in pending:
+                    try:
+                        fsync_dir(directory)
+                    except OSError as error:
+                        self._failed(directory, error)
+                if paths:
+                    self._counters.add("flushes")
+                    self._counters.add("flushed_records", flushed)
+                return flushed
+            finally:
+                with self._lock:
+                    self._in_flight = 0
 
     def _fsync_file(self, path: str) -> int:
         try:

@@ -29,6 +29,9 @@ from .reader import RecordReader, open_record
 
 IOV_MAX = 1024
 STAGE_BATCH = 32  # records written, then fsynced together (temp files open at once)
+# A batch's encoded records are all held before any is written (their bytes are reserved
+# together): this bounds that memory for encrypted or compressed large pages.
+STAGE_BATCH_MAX_BYTES = 64 * 1024 * 1024
 # Records smaller than this are encoded and written on the calling thread: for them the
 # threads' hand-offs cost more than they overlap (measured on 2 cores: 256 KiB records ran
 # 15% faster serially, 1 MiB records 20% faster over the I/O threads).
@@ -90,6 +93,21 @@ def _record_bytes(data) -> int:
         return 0  # not a buffer: _prepare reports it
 
 
+def _batches(record_bytes: list[int]):
+    """(start, end) of consecutive batches of at most STAGE_BATCH records and, unless one
+    record alone is larger, STAGE_BATCH_MAX_BYTES."""
+    start = 0
+    while start < len(record_bytes):
+        end, total = start, 0
+        while end < len(record_bytes) and end - start < STAGE_BATCH:
+            total += record_bytes[end]
+            if total > STAGE_BATCH_MAX_BYTES and end > start:
+                break
+            end += 1
+        yield start, end
+        start = end
+
+
 def _serial(work, count: int) -> list:
     return [work(index) for index in range(count)]
 
@@ -126,10 +144,8 @@ class RecordWriter:
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
         results: list[bool] = []
-        for start in range(0, len(keys), STAGE_BATCH):
-            results += self._put_batch(
-                namespace, keys[start : start + STAGE_BATCH], datas[start : start + STAGE_BATCH]
-            )
+        for start, end in _batches([_record_bytes(data) for data in datas]):
+            results += self._put_batch(namespace, keys[start:end], datas[start:end])
         if self.sync_each_batch and any(results) and not self._sync_dir(namespace):
             results = [False] * len(keys)
         self.counters.add("puts_failed", results.count(False))
@@ -143,7 +159,8 @@ class RecordWriter:
         return results
 
     def _put_batch(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
-        run = self.parallel if _record_bytes(datas[0]) >= PARALLEL_MIN_RECORD_BYTES else _serial
+        largest_bytes = max(_record_bytes(data) for data in datas)
+        run = self.parallel if largest_bytes >= PARALLEL_MIN_RECORD_BYTES else _serial
         prepared = run(
             lambda index: self._guarded(self._prepare, namespace, keys[index], datas[index]),
             len(keys),
