@@ -24,7 +24,9 @@ from .payload import IOV_MAX, READ_CHUNK_BYTES, ScratchBuffers, read_plain_into,
 # symlink, a socket, a directory, a FIFO read with an offset).
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
 FAST_READ_MAX_BYTES = 1 << 20
-# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere)
+# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere).
+# A hint, not a promise: on a fast virtual disk the readahead it starts sometimes completes
+# and the read is served. Only where a read runs depends on it, never what it returns.
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 TOUCHED_LOCATIONS_MAX = 1_000_000
 
