@@ -144,8 +144,11 @@ class RecordWriter:
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
         results: list[bool] = []
-        for start, end in _batches([_record_bytes(data) for data in datas]):
-            results += self._put_batch(namespace, keys[start:end], datas[start:end])
+        sizes = [_record_bytes(data) for data in datas]
+        for start, end in _batches(sizes):
+            results += self._put_batch(
+                namespace, keys[start:end], datas[start:end], max(sizes[start:end])
+            )
         if self.sync_each_batch and any(results) and not self._sync_dir(namespace):
             results = [False] * len(keys)
         self.counters.add("puts_failed", results.count(False))
@@ -158,8 +161,7 @@ class RecordWriter:
         )
         return results
 
-    def _put_batch(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
-        largest_bytes = max(_record_bytes(data) for data in datas)
+    def _put_batch(self, namespace, keys: list, datas: list, largest_bytes: int) -> list[bool]:
         run = self.parallel if largest_bytes >= PARALLEL_MIN_RECORD_BYTES else _serial
         prepared = run(
             lambda index: self._guarded(self._prepare, namespace, keys[index], datas[index]),

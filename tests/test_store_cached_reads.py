@@ -93,13 +93,25 @@ def stored(tmp_path, **options) -> RecordStore:
     return store
 
 
+class NoThreads:
+    """An I/O pool that fails the test if anything is handed to it."""
+
+    def map(self, *args, **kwargs):
+        raise AssertionError("a warm small page was handed to the I/O threads")
+
+
 @needs_nowait
-def test_a_warm_record_is_served_on_the_callers_thread(tmp_path):
+def test_a_warm_record_is_served_on_the_callers_thread(tmp_path, monkeypatch):
     with stored(tmp_path) as store:
         out = bytearray(32768)
         assert store.reader.read_cached_into(NS, KEYS[3], out, os.path.basename(
             record_path(tmp_path / "s", NS, KEYS[3])))  # fmt: skip
         assert out == PAGES[3]
+        monkeypatch.setattr(store, "_pool", NoThreads())
+        outs = [bytearray(32768) for _ in KEYS]
+        assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
+        assert outs == [bytearray(page) for page in PAGES]
+        monkeypatch.undo()
 
 
 @needs_nowait

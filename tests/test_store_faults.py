@@ -207,8 +207,9 @@ def test_read_fault_is_a_transient_miss(store, monkeypatch, calls, size):
     outs = [bytearray(len(data))]
     assert store.get_many_into(NS_A, [key], outs) == [False]
     monkeypatch.undo()
-    # A small record of a store without compression is tried on the page-cache path first (a read error there only sends it
-    # to the full path), then on the full path: two failed reads per get, one miss.
+    # A small record of a store without compression is tried on the page-cache path first (a
+    # read error there only sends it to the full path), then on the full path: two failed
+    # reads per get, one miss.
     cached_path = store.codec.compression == "none" and reader_module.RWF_NOWAIT
     attempts = 2 if cached_path and size <= reader_module.FAST_READ_MAX_BYTES else 1
     assert sum(fault.raised for fault in faults) == 2 * attempts
@@ -240,8 +241,9 @@ def _is_ledger_write(args) -> bool:
 
 def test_ledger_refusing_the_settle_over_counts_then_comes_right(store, monkeypatch):
     """The batch's records are published but the ledger cannot be written to end their
-    reservations: the puts still succeed (the records are sound), the ledger over-counts
-    meanwhile, never under-counts, and the next batch's settle brings it right."""
+    reservations: the puts still succeed (the records are sound), the ledger keeps counting
+    their bytes as reserved meanwhile (never under-counts: a failed update changes nothing,
+    in memory either), and the next batch's settle commits them."""
     root = store.root
     keys = [f"settle-{index}" for index in range(4)]
     datas = [content(key, 30_000) for key in keys]
