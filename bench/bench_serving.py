@@ -478,9 +478,8 @@ def warm_vs_restored(setup: Setup, mode: str, lengths, vocab: int, round_index: 
         server.stop()
     restored_first: dict[int, serving.Timed] = {}
     restored: dict[int, serving.Timed] = {}
-    for warmed_up, timings in ((False, restored_first), (True, restored)):
-        if not has_storage:
-            break
+    restarts = ((False, restored_first), (True, restored)) if has_storage else ()
+    for warmed_up, timings in restarts:
         name = f"{mode}-restored{'-warmed' if warmed_up else ''}-{round_index}"
         server = serving.start(setup.model, args, setup.scratch / f"{name}.log", env=mode_env(mode))
         profiler = maybe_profile(setup, server, mode, name) if warmed_up else None
