@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .mooncake_options import MooncakeConfigError, MooncakeOptions
+from .mooncake_options import NO_SHARED_KEY, MooncakeConfigError, MooncakeOptions
 from .units import parse_bytes
 
 # Keys SGLang reads (and keeps or pops) itself; we accept and ignore them.
@@ -234,4 +234,9 @@ def parse_options(extra_config: dict | None) -> GalahadOptions:
             backend["mooncake"] = MooncakeOptions.from_config(config["mooncake"])
         except MooncakeConfigError as error:
             raise ConfigError(f"hicache_galahad option 'mooncake': {error}") from None
-    return GalahadOptions(store=StoreOptions(**store), **backend)
+    options = GalahadOptions(store=StoreOptions(**store), **backend)
+    shared = options.mooncake
+    keyless = options.store.encryption_key_file is None
+    if shared is not None and shared.integrity_key_file is None and keyless:
+        raise ConfigError(f"hicache_galahad option 'mooncake': {NO_SHARED_KEY}")  # forgeable
+    return options

@@ -1,12 +1,13 @@
 """The `mooncake` options: where a Mooncake Store cluster is and how a process joins it (pure).
 
 Keys are Mooncake's own setup() parameter names plus the tier's own (timeout_s, queue_max_bytes,
-transfer_buffer_bytes). Strict: an unknown key or a bad value raises MooncakeConfigError (a
-ValueError) naming the key, the value and what is expected.
+transfer_buffer_bytes, integrity_key_file). Strict: an unknown key or a bad value raises
+MooncakeConfigError (a ValueError) naming the key, the value and what is expected.
 """
 
 from __future__ import annotations
 
+import os
 import re
 from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
@@ -15,6 +16,14 @@ from .units import parse_bytes
 
 MIB = 1 << 20
 PROTOCOLS = ("tcp", "rdma")
+
+
+# Why a shared tier needs a key (config.py and tiered.py refuse one without either).
+NO_SHARED_KEY = (
+    "'integrity_key_file' is required when 'encryption_key_file' is not set (the path of 32 "
+    "random bytes, mode 0600, the same on every server of the cluster): without a key, any "
+    'Mooncake peer can forge values that pass every check (docs/OPERATIONS.md, "Security model")'
+)
 
 
 class MooncakeConfigError(ValueError):
@@ -56,7 +65,10 @@ class MooncakeOptions:
     not use (it reads and writes through its own registered buffers), hence 0.
     timeout_s bounds every read; queue_max_bytes bounds the write-behind queue;
     transfer_buffer_bytes is each of the two registered buffers (read, write), and so also
-    the largest value the tier stores.
+    the largest value the tier stores (reads are copied out of the registered one into a
+    private buffer of the same size before anyone looks at them).
+    integrity_key_file: the cluster integrity key (mooncake_integrity.py), a path checked
+    here, read when the tier starts.
     """
 
     master_server_address: str
@@ -69,6 +81,7 @@ class MooncakeOptions:
     timeout_s: float = 2.0
     queue_max_bytes: int = 256 * MIB
     transfer_buffer_bytes: int = 64 * MIB
+    integrity_key_file: str | None = None
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -106,6 +119,15 @@ class MooncakeOptions:
         if not 0 < timeout <= 600:
             _fail("timeout_s", timeout, "a number of seconds in (0, 600]")
         set_(self, "timeout_s", float(timeout))
+        path = self.integrity_key_file
+        if path is not None and (not isinstance(path, str) or not path.strip() or "\0" in path):
+            _fail(
+                "integrity_key_file",
+                path,
+                "the path of a file of 32 random bytes, mode 0600 (or null)",
+            )
+        if path is not None:
+            set_(self, "integrity_key_file", os.path.abspath(os.path.expanduser(path)))
 
     @classmethod
     def from_config(cls, config: dict) -> MooncakeOptions:

@@ -2,9 +2,13 @@
 
 A call that overruns its deadline marks the tier unavailable until it returns; no second call
 is started behind it. Values are read with `batch_get_into` into regions of the registered
-read buffer (mooncake_buffers.py) and handed over in place as read-only memoryviews. A region
-is lent to one call and comes back only when the last view of it is gone, so a late call never
-writes into memory the caller sees, and a value is never overwritten while it is seen.
+read buffer (mooncake_buffers.py), then copied at once into regions of a private buffer of the
+same size, which Mooncake never hears of, and handed over from there as read-only memoryviews.
+Registered memory is memory a peer can write (Mooncake's transfer engine lets any client of
+the cluster write into another's registered segments), so nothing is ever checked or used in
+place there: what a caller verifies is exactly what it serves. A region is lent to one call
+and comes back only when the last view of it is gone, so a late call never writes into memory
+the caller sees, and a value is never overwritten while it is seen.
 """
 
 from __future__ import annotations
@@ -64,14 +68,18 @@ class BoundedReads:
         self._warn = warn
         self._available = available  # the tier's: connected, up, not closed, not stuck
         self._timeout_s = connection.options.timeout_s
-        self.buffer: ReadBuffer | None = None  # made on the first connect (make_buffer)
+        self.buffer: ReadBuffer | None = None  # registered; made on the first connect
+        self.private: ReadBuffer | None = None  # never registered: values are lent from here
         self.call_lock = threading.Lock()  # guards _overdue and _reads
         self._overdue: Future | None = None  # a call that ran past its caller's deadline
         self._reads: set[Future] = set()  # calls submitted and not finished
         self._worker = Worker("mooncake-read")
 
     def make_buffer(self) -> ReadBuffer:
-        self.buffer = ReadBuffer(self._connection.options.transfer_buffer_bytes)
+        """The buffer to register (and the private one values are copied into, not registered)."""
+        size = self._connection.options.transfer_buffer_bytes
+        self.private = ReadBuffer(size)
+        self.buffer = ReadBuffer(size)
         return self.buffer
 
     @property
@@ -152,9 +160,22 @@ class BoundedReads:
                     store.unregister_buffer(spill.address)
             for (index, _), (_, owner), code in zip(run, places, codes, strict=True):
                 if code > 0:
-                    results[index] = read_only(owner, code)
+                    results[index] = self._copied(owner, code)
+            places = owner = spill = None  # the registered regions come back now
             self._tally(codes)
         return results
+
+    def _copied(self, owner, size: int) -> memoryview:
+        """A value read into registered memory, copied into memory no peer can write: a region
+        of the private buffer, or temporary memory when it is held by earlier values."""
+        source = memoryview(owner).cast("B")[:size]
+        place = self.private.lend(size)
+        if place is None:
+            self._counts.add("get_spilled")
+            return memoryview(bytes(source)).toreadonly()
+        _, private = place
+        memoryview(private).cast("B")[:size] = source
+        return read_only(private, size)
 
     def _places(self, store, sizes: list[int]):
         """Where each value of a run is read to: [(address, owner)], and the temporary buffer

@@ -8,12 +8,16 @@ raises into the caller and never blocks it past `timeout_s`. It is a thin class 
   then watches the master and marks the tier down or up again.
 - mooncake_reads.py: reads run on one worker thread, each call waited for at most `timeout_s`;
   a call that overruns marks the tier unavailable until it returns. Values are read with
-  `batch_get_into` into the registered read buffer and handed over in place, read-only
-  (mooncake_buffers.py), so a late call never writes into memory the caller sees.
+  `batch_get_into` into the registered read buffer, copied at once into a private buffer no
+  peer can write, and handed over from there, read-only (mooncake_buffers.py), so neither a
+  late call nor a peer ever writes into memory the caller sees.
 - mooncake_writes.py: writes go through a byte-bounded queue to a writer thread
   (`batch_is_exist`, then `batch_put_from` from a registered buffer). A full queue drops the
   value.
 - mooncake_counts.py: what happened, counted.
+- mooncake_integrity.py: the cluster integrity key (`integrity_key_file`), read first, before
+  any thread starts (a bad key file is a KeyFileError from the constructor); `value_tag` is
+  what the TieredStore tags and checks values with (None without the option).
 
 Mooncake is a cache: a value may vanish at any time, and a key keeps its first writer's value
 (a put of an existing key is a no-op). `remove()` is how a caller clears a bad value so that a
@@ -28,6 +32,7 @@ import time
 from .metrics import RateLimitedLog
 from .mooncake_connection import MooncakeConnection
 from .mooncake_counts import COUNTER_NAMES, TierCounts
+from .mooncake_integrity import ValueTag, load_integrity_key
 from .mooncake_options import MooncakeConfigError, MooncakeOptions
 from .mooncake_reads import BoundedReads
 from .mooncake_writes import WriteBehind
@@ -42,6 +47,8 @@ class MooncakeTier:
 
     def __init__(self, options: MooncakeOptions, logger: logging.Logger | None = None):
         self.options = options
+        path = options.integrity_key_file
+        self.value_tag = ValueTag(load_integrity_key(path)) if path is not None else None
         self._log = logger or log
         self._warn = RateLimitedLog(self._log, interval_s=30.0)
         self._counts = TierCounts(self._log)
@@ -75,9 +82,10 @@ class MooncakeTier:
     def get_many(self, keys: list[str], max_bytes: list[int]) -> list[memoryview | None]:
         """Each key's value, or None (absent, failed, timed out, empty, above its max_bytes).
 
-        A value is a read-only memoryview of the tier's read buffer, lent to the caller until
-        it drops the view (compare it, hash it or `bytes()` it like bytes); holding values
-        long makes later reads use temporary memory (counted as get_spilled).
+        A value is a read-only memoryview of the tier's private buffer (a copy made as soon as
+        Mooncake wrote it into the registered one: no peer can write it), lent to the caller
+        until it drops the view (compare it, hash it or `bytes()` it like bytes); holding
+        values long makes later reads use temporary memory (counted as get_spilled).
         """
         results: list[memoryview | None] = [None] * len(keys)
         try:

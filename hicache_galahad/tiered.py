@@ -2,11 +2,23 @@
 
 `TieredStore` offers the RecordStore verbs the adapter uses. Reads try the local store, then
 Mooncake for what it missed. A Mooncake value is our full record (header, key echo, digest or
-AES-GCM tag), so it is verified with exactly the rules of a record on disk: a value written by
-a buggy or hostile client, a stale one, or one of another tenant, model, layout, dtype or rank
-is a miss (and removed from Mooncake, so that a good value can take its place). A verified
-value is copied into the caller's page and written through to the local disk. Writes go to the
-local disk, then asynchronously to Mooncake through the tier's bounded queue.
+AES-GCM tag) followed, with `integrity_key_file`, by a keyed tag over its Mooncake key and the
+record (mooncake_integrity.py). Anyone who reaches the cluster can write any value, and a
+record's digest is unkeyed, so the shared tier starts only with a key that a forger lacks: the
+integrity key, or the tenants' encryption key (a sealed record's AES-GCM tag covers its header,
+key echo and namespace digest included). Without either, construction raises ConfigError.
+
+A value is checked in private memory (the tier copies it out of its registered read buffer,
+which peers can write, before anyone looks at it), in this order: the integrity tag (M1), then
+the header's lengths against the page this namespace expects (before a byte is decompressed),
+then every rule of docs/FORMAT.md (the local reader's own decision). A value that fails is a
+miss; one that cannot be this namespace's (no or a bad tag, another size, plaintext in an
+encrypted store, damage) is read once more and, if it fails again, removed from Mooncake so a
+good value can take its place; only an AES-GCM tag that fails before this reader's key has
+opened any record of the namespace (most likely this server's key is the wrong one) is left.
+A verified value is copied into the caller's page and written through to the local disk, from
+exactly the private bytes that were verified. Writes go to the local disk, then asynchronously
+to Mooncake through the tier's bounded queue.
 
 Mooncake is a cache that can lose anything at any time, and its failures are misses or skipped
 writes: the tier never raises and never blocks past its timeout (mooncake_tier.py).
@@ -20,9 +32,11 @@ import threading
 import time
 
 from . import format as fmt
+from .errors import ConfigError
 from .metrics import RateLimitedLog
+from .mooncake_integrity import TAG_BYTES
+from .mooncake_options import NO_SHARED_KEY
 from .namespace import Namespace
-from .reader import reader_may_be_wrong
 from .store import RecordStore
 
 log = logging.getLogger("hicache_galahad")
@@ -37,7 +51,7 @@ def shared_key(namespace: Namespace, key: str) -> str:
 
 
 def _value_bound(raw_len: int) -> int:
-    return raw_len + (raw_len >> 7) + RECORD_OVERHEAD_BYTES
+    return raw_len + (raw_len >> 7) + RECORD_OVERHEAD_BYTES + TAG_BYTES
 
 
 class _WriteThrough:
@@ -111,9 +125,13 @@ class _WriteThrough:
 
 class TieredStore:
     def __init__(self, local: RecordStore, tier):
+        if tier.value_tag is None and not local.codec.encrypted:
+            tier.close(timeout_s=2.0)
+            raise ConfigError(f"hicache_galahad option 'mooncake': {NO_SHARED_KEY}")
         self.local = local
         self.tier = tier
         self.counters = local.counters
+        self._tag = tier.value_tag  # None: an encrypted store, whose AES-GCM tags vouch
         self._warn = RateLimitedLog(log)
         self._through = _WriteThrough(local, tier.options.transfer_buffer_bytes)
 
@@ -177,12 +195,25 @@ class TieredStore:
         """Reads `keys` from Mooncake into `outs`; verifies, copies, writes through."""
         segments = [fmt.as_segments(out) for out in outs]
         sizes = [sum(len(piece) for piece in pieces) for pieces in segments]
-        values = self.tier.get_many(
-            [shared_key(namespace, key) for key in keys], [_value_bound(size) for size in sizes]
-        )
+        names = [shared_key(namespace, key) for key in keys]
+        bounds = [_value_bound(size) for size in sizes]
+        raws = [None] * len(keys)
+        suspects = []  # failed values a peer's write into our read buffer could explain
+        for index, value in enumerate(self.tier.get_many(names, bounds)):
+            if value is None:
+                continue
+            raw, error = self._open(namespace, keys[index], names[index], value, sizes[index])
+            if error is None:
+                raws[index] = raw
+            elif self._removable(namespace, error):
+                suspects.append(index)
+            else:
+                self._refused(keys[index], error, removed=False)
+        value = None
+        if suspects:
+            self._look_again(namespace, keys, names, bounds, sizes, suspects, raws)
         results, through_keys, through_raws = [], [], []
-        for key, pieces, size, value in zip(keys, segments, sizes, values, strict=True):
-            raw = self._verified(namespace, key, value, size) if value else None
+        for key, pieces, raw in zip(keys, segments, raws, strict=True):
             if raw is None:
                 results.append(False)
                 continue
@@ -200,33 +231,73 @@ class TieredStore:
             self.counters.add("mooncake_written_through", written.count(True))
         return results
 
+    def _look_again(self, namespace, keys, names, bounds, sizes, suspects, raws) -> None:
+        """Reads once more the values that failed in a way that would have them removed.
+
+        Mooncake writes a value into a registered buffer, which any peer can write too: a
+        value that failed may be an honest one a peer scribbled over between its transfer and
+        our copy. It is removed only if a fresh read (a fresh copy) fails as well; one that
+        verifies now is served.
+        """
+        again = self.tier.get_many([names[i] for i in suspects], [bounds[i] for i in suspects])
+        self.counters.add("mooncake_values_read_again", len(suspects))
+        for index, value in zip(suspects, again, strict=True):
+            if value is None:
+                continue  # gone meanwhile: a miss
+            raw, error = self._open(namespace, keys[index], names[index], value, sizes[index])
+            value = None
+            if error is None:
+                raws[index] = raw
+                self.counters.add("mooncake_good_when_read_again")
+                self._warn.warning(
+                    "mooncake-read-again",
+                    "galahad: a Mooncake value of %s failed, then verified when read again: "
+                    "something wrote into this process's registered read buffer",
+                    keys[index],
+                )
+                continue
+            removed = self._removable(namespace, error)
+            self._refused(keys[index], error, removed=removed)
+            if removed:
+                self.tier.remove(names[index])
+
     def flush_write_through(self, timeout_s: float = 30.0) -> bool:
         """Waits until every verified Mooncake value read so far is on the local disk."""
         return self._through.flush(timeout_s)
 
-    def _verified(self, namespace: Namespace, key: str, value, size: int):
-        """The raw page in a Mooncake value, after every rule of docs/FORMAT.md (the local
-        reader's own decision); None if it breaks any. A value that is surely bad is removed
-        from Mooncake, so a good one can take its place; one that only this reader's settings
-        may refuse (another key, plaintext in an encrypted store, another page size) is left
-        for the readers it suits."""
-        reader = self.local.reader
+    def _open(self, namespace: Namespace, key: str, name: str, value, size: int):
+        """(the raw page, None) from a Mooncake value in private memory, or (None, the
+        FormatError it broke): the integrity tag (M1), then the lengths the header claims
+        against the page expected (before anything is decompressed), then V1-V16."""
         try:
-            return reader.decode_value(namespace, key, value, size)
+            record = self._tag.open(name, value) if self._tag is not None else value
+            header = fmt.parse_header(record, len(record))
+            if header.raw_len != size:
+                raise fmt.RawSizeError(f"value holds {header.raw_len} bytes, the page is {size}")
+            if header.compressed and not header.encrypted:
+                _check_frame(record[header.header_len :], size)
+            return self.local.reader.decode_value(namespace, key, record, size), None
         except fmt.FormatError as error:
-            self.counters.add_many(mooncake_bad_values=1, **{f"failed_{error.rule}": 1})
-            keep = reader_may_be_wrong(error, reader.key_proven(namespace.dirname))
-            self._warn.warning(
-                f"mooncake-{error.rule}",
-                "galahad: Mooncake value of %s failed %s (%s): a miss%s",
-                key,
-                error.rule,
-                error,
-                "" if keep else ", removed from Mooncake",
-            )
-            if not keep:
-                self.tier.remove(shared_key(namespace, key))
-            return None
+            return None, error
+
+    def _removable(self, namespace: Namespace, error: fmt.FormatError) -> bool:
+        """Whether a value that failed cannot be this namespace's: all but an AES-GCM tag that
+        fails before this reader's key opened any record of the namespace (then the key is
+        more likely wrong than the value: it is left for the servers whose key it is)."""
+        if isinstance(error, fmt.AuthenticationError):
+            return self.local.reader.key_proven(namespace.dirname)
+        return True
+
+    def _refused(self, key: str, error: fmt.FormatError, removed: bool) -> None:
+        self.counters.add_many(mooncake_bad_values=1, **{f"failed_{error.rule}": 1})
+        self._warn.warning(
+            f"mooncake-{error.rule}",
+            "galahad: Mooncake value of %s failed %s (%s): a miss%s",
+            key,
+            error.rule,
+            error,
+            ", removed from Mooncake" if removed else ", left for the servers it may suit",
+        )
 
     # ------------------------------------------------------------- writes
 
@@ -243,8 +314,11 @@ class TieredStore:
 
     def _share(self, namespace: Namespace, key: str, data) -> None:
         header, chunks = self.local.codec.encode(namespace, fmt.encode_key(key), data)
-        value = b"".join([header, *chunks])
-        if self.tier.put_async(shared_key(namespace, key), value):
+        name = shared_key(namespace, key)
+        pieces = [header, *chunks]
+        if self._tag is not None:
+            pieces.append(self._tag.tag(name, pieces))
+        if self.tier.put_async(name, b"".join(pieces)):
             self.counters.add("mooncake_puts_queued")
         else:
             self.counters.add("mooncake_puts_dropped")
@@ -261,3 +335,16 @@ class TieredStore:
             self.tier.close()
         finally:
             self.local.close()
+
+
+def _check_frame(payload, size: int) -> None:
+    """V15 before decompressing: a zstd frame that names its content size must name the page's
+    (python-zstandard allocates what the frame header names, whatever the bound it is given)."""
+    import zstandard
+
+    try:
+        claimed = zstandard.frame_content_size(payload)
+    except zstandard.ZstdError as error:
+        raise fmt.DecompressionError(f"bad zstd frame header: {error}") from None
+    if claimed not in (-1, size):
+        raise fmt.DecompressionError(f"zstd frame claims {claimed} bytes, the page is {size}")

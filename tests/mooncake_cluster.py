@@ -7,6 +7,10 @@ it starts is killed by process group in `stop()`, which the fixture and an atexi
 
     cluster = mooncake_cluster_fixture(segment_bytes=64 << 20)   # a pytest fixture
 
+The cluster has an integrity key file (`integrity_key_file`, 32 random bytes, mode 0600), which
+`tier_config()` names, as every server of a real cluster would (a shared tier without a key, or
+encryption, is refused); `tier_config(integrity_key_file=None)` leaves it out.
+
 `mooncake_missing()` names what is missing (package, libibverbs) and `skip_unless_mooncake()`
 skips on it (fails under GALAHAD_REQUIRE_MOONCAKE=1). `RawClient` writes arbitrary values under
 arbitrary keys, as a hostile or buggy peer would. The processes also die with the test process
@@ -122,6 +126,9 @@ class MooncakeCluster:
         self.daemon: subprocess.Popen | None = None
         self._bin = _package_dir()
         self._starts = 0
+        self.integrity_key_file = self.workdir / "integrity.key"
+        self.integrity_key_file.write_bytes(os.urandom(32))
+        self.integrity_key_file.chmod(0o600)
 
     @property
     def master_address(self) -> str:
@@ -137,9 +144,17 @@ class MooncakeCluster:
             "global_segment_size": 0,
             "local_buffer_size": 0,
             "timeout_s": 2,
+            "integrity_key_file": str(self.integrity_key_file),
         }
         config.update(overrides)
-        return config
+        return {key: value for key, value in config.items() if value is not None}
+
+    def tagged(self, name: str, record: bytes) -> bytes:
+        """`record` as a server of this cluster stores it under Mooncake key `name`: with its
+        integrity tag (what a buggy peer holding the key, or a replay of one, would put)."""
+        from hicache_galahad.mooncake_integrity import ValueTag
+
+        return record + ValueTag(self.integrity_key_file.read_bytes()).tag(name, record)
 
     # -- processes --------------------------------------------------------------------------
 

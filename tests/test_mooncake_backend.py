@@ -142,14 +142,16 @@ def test_hostile_and_stale_values_are_misses_and_never_reach_host_memory(tmp_pat
             keys[3]: _record(older_model, keys[3], page),  # stale: older weights
             keys[4]: _record(namespace, keys[0], page),  # a sound record of another key
         }
-        for key, value in values.items():
-            assert raw_client.replace(shared_key(namespace, key), value) == 0
+        for key, value in values.items():  # tagged: a buggy peer holding the integrity key
+            name = shared_key(namespace, key)
+            assert raw_client.replace(name, cluster.tagged(name, value)) == 0
         before = [page_bytes(kv, (10 + i) * 4) for i in range(5)]
         assert backend.batch_get_v1(keys, slots_of(range(10, 15), 4)) == [False] * 5
         for index in range(5):
             assert torch.equal(page_bytes(kv, (10 + index) * 4), before[index])
         stats = backend.stats()
         assert stats["mooncake_bad_values"] == 5 and stats.get("mooncake_hits", 0) == 0
+        assert stats.get("failed_M1", 0) == 0  # the record's own rules refused them
         assert pool_records(tmp_path / "node-b", "kv") == []
         deadline = time.monotonic() + 10  # bad values are removed, so good ones can land
         while any(raw_client.exists(shared_key(namespace, k)) for k in keys):
@@ -215,25 +217,3 @@ def test_a_full_mooncake_drops_writes_without_failing_them(tmp_path, cluster):
         assert writer.batch_get_v1(first, slots) == [True] * pages  # served from local disk
     finally:
         writer.close()
-
-
-def test_a_value_only_this_readers_settings_refuse_is_left_for_others(tmp_path, cluster):
-    """A plaintext value read by an encrypted server (the namespace does not name encryption)
-    is a miss for it, but stays in Mooncake for the plaintext servers it suits."""
-    key_file = tmp_path / "master.key"
-    key_file.write_bytes(os.urandom(32))
-    key_file.chmod(0o600)
-    backend, kv, _ = node_b(tmp_path, cluster, encryption_key_file=str(key_file))
-    raw_client = RawClient(cluster)
-    try:
-        namespace = backend.binder.kv().namespace
-        key = chain_keys(1, "plaintext")[0]
-        page = bytes(page_bytes(mha_pool(seed=1), 0).numpy())
-        assert raw_client.replace(shared_key(namespace, key), _record(namespace, key, page)) == 0
-        assert backend.batch_get_v1([key], slots_of([10], 4)) == [False]
-        assert backend.stats()["failed_V12"] == 1
-        time.sleep(1)
-        assert raw_client.exists(shared_key(namespace, key))
-    finally:
-        raw_client.close()
-        backend.close()

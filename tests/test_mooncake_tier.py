@@ -114,6 +114,8 @@ def test_options_accept_the_issue_example():
         ("timeout_s", True, "seconds"),
         ("queue_max_bytes", 0, "byte count"),
         ("transfer_buffer_bytes", 1024, "byte count"),
+        ("integrity_key_file", "", "32 random bytes"),
+        ("integrity_key_file", 7, "32 random bytes"),
         ("tenant_id", "a", "one of the keys"),
     ],
 )
@@ -134,7 +136,7 @@ def test_options_require_master_and_hostname_and_an_object():
         MooncakeOptions.from_config(["127.0.0.1:1"])
 
 
-MODULES = ("buffers", "connection", "counts", "options", "reads", "tier", "writes")
+MODULES = ("buffers", "connection", "counts", "integrity", "options", "reads", "tier", "writes")
 
 
 def test_modules_import_without_torch_or_sglang():
@@ -301,21 +303,25 @@ def test_first_writer_wins_until_removed(cluster, make_tier):
 
 
 @pytest.mark.slow
-def test_values_are_lent_in_place_and_come_back(cluster, make_tier):
+def test_values_are_lent_from_private_memory_and_come_back(cluster, make_tier):
+    """Values are lent out of the private buffer (copied there at once); the registered one,
+    which peers can write, holds nothing once a read has returned."""
     tier = connected(make_tier, cluster, transfer_buffer_bytes=4 * MIB)
     values = {f"lend/{i}": os.urandom(MIB) for i in range(3)}
     put_all(tier, values)
-    buffer = tier._reads.buffer
+    registered, private = tier._reads.buffer, tier._reads.private
     held = tier.get_many(list(values), [MIB] * 3)
     assert held == list(values.values()) and all(value.readonly for value in held)
-    assert buffer.free_bytes() == MIB and tier.counters()["get_spilled"] == 0
+    assert private.free_bytes() == MIB and tier.counters()["get_spilled"] == 0
+    assert registered.free_bytes() == 4 * MIB
     again = tier.get_many(list(values), [MIB] * 3)  # 1 MiB left: two values spill
     assert again == list(values.values()) and tier.counters()["get_spilled"] == 2
     assert hashlib.sha256(again[2]).digest() == hashlib.sha256(values["lend/2"]).digest()
     del held, again
-    assert buffer.free_bytes() == 4 * MIB
+    assert private.free_bytes() == 4 * MIB
     assert tier.get_many(list(values), [MIB] * 3) == list(values.values())
-    assert tier.counters()["get_spilled"] == 2 and buffer.free_bytes() == 4 * MIB
+    assert tier.counters()["get_spilled"] == 2 and private.free_bytes() == 4 * MIB
+    assert registered.free_bytes() == 4 * MIB
 
 
 @pytest.mark.slow

@@ -1,0 +1,91 @@
+"""The cluster integrity key: a keyed tag on every value that crosses the shared Mooncake tier.
+
+Mooncake has no authentication, so anyone who reaches the cluster can write any value under any
+key. A record's own checks do not stop a forger on a plaintext store: the namespace digest can
+be copied from any honest value and the payload digest (xxh3, sha256) is unkeyed. So every value
+a TieredStore puts is `record || tag`, the tag a keyed BLAKE2b-256 over the value's Mooncake key
+and the record bytes, under a key that every server of the cluster holds (`integrity_key_file`,
+32 random bytes, mode 0600, separate from the tenants' encryption key). A value without the
+right tag, or moved to another key, fails rule M1 before a byte of it is parsed.
+
+Pure apart from reading the key file.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import os
+import stat
+
+from . import format as fmt
+from .errors import KeyFileError
+
+INTEGRITY_KEY_BYTES = 32
+TAG_BYTES = 32
+_PERSON = b"galahad-mc-v1"  # BLAKE2b personalisation: this use of the key, and no other
+_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
+_OPTION = "mooncake option 'integrity_key_file'"
+
+
+class ValueTagError(fmt.FormatError):
+    """M1: a Mooncake value whose integrity tag is missing or does not verify under its key."""
+
+    rule = "M1"
+
+
+def load_integrity_key(path: str) -> bytes:
+    """Reads the 32-byte cluster integrity key; refuses a file that is not a regular file,
+    that group or others can read or write, or that does not hold exactly 32 bytes. Never
+    blocks (a FIFO is refused, not opened for a writer)."""
+    try:
+        fd = os.open(path, _OPEN_FLAGS)
+    except OSError as error:
+        raise KeyFileError(f"{_OPTION} {path!r}: {error.strerror}") from None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            raise KeyFileError(f"{_OPTION} {path!r} is not a regular file")
+        if info.st_mode & 0o077:
+            raise KeyFileError(
+                f"{_OPTION} {path!r} has mode {oct(info.st_mode & 0o777)}: "
+                "it must not be accessible by group or others (chmod 600)"
+            )
+        key = os.read(fd, INTEGRITY_KEY_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(key) != INTEGRITY_KEY_BYTES:
+        raise KeyFileError(
+            f"{_OPTION} {path!r} must hold exactly {INTEGRITY_KEY_BYTES} random bytes "
+            f"(e.g. head -c 32 /dev/urandom > key; chmod 600 key), found {len(key)}"
+        )
+    return key
+
+
+class ValueTag:
+    """Tags values for the shared tier and checks them, under one cluster integrity key."""
+
+    def __init__(self, key: bytes):
+        if len(key) != INTEGRITY_KEY_BYTES:
+            raise ValueError(f"an integrity key is {INTEGRITY_KEY_BYTES} bytes")
+        self._key = bytes(key)
+
+    def tag(self, name: str, record) -> bytes:
+        """The tag of `record` (bytes or a list of buffers) stored under Mooncake key `name`."""
+        hasher = hashlib.blake2b(key=self._key, digest_size=TAG_BYTES, person=_PERSON)
+        encoded = name.encode("utf-8", "surrogateescape")
+        hasher.update(len(encoded).to_bytes(8, "little"))
+        hasher.update(encoded)
+        for piece in record if isinstance(record, list | tuple) else [record]:
+            hasher.update(piece)
+        return hasher.digest()
+
+    def open(self, name: str, value) -> memoryview:
+        """The record in a tagged value (a view of `value`); raises ValueTagError (M1)."""
+        value = memoryview(value).cast("B")
+        if len(value) <= TAG_BYTES:
+            raise ValueTagError(f"value of {len(value)} bytes cannot hold an integrity tag")
+        record = value[:-TAG_BYTES]
+        if not hmac.compare_digest(self.tag(name, record), value[-TAG_BYTES:]):
+            raise ValueTagError("integrity tag does not verify (no key, another key or damage)")
+        return record
