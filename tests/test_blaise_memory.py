@@ -191,7 +191,7 @@ def test_encrypted_records_hold_no_plaintext_and_need_the_key(tmp_path, caplog):
     other = write_key_file(tmp_path / "other-key")
     with caplog.at_level(logging.WARNING), open_memory(root, encryption_key_file=other) as memory:
         assert memory.documents() == [] and memory.select("Quorvane Bridge") == []
-        assert memory.skipped and all(item.what == "catalog entry" for item in memory.skipped)
+        assert memory.skipped == []  # each key has a namespace of its own: nothing to fail
     with open_memory(root) as memory:  # no key: encrypted records are never served as text
         assert memory.documents() == []
     with open_memory(root, encryption_key_file=key, tenant="bob") as memory:

@@ -73,10 +73,16 @@ _CURRENCY = (
     r"dollars?|euros?|pounds?|francs?|marks?|crowns?|kronor|kronur|krona|yen|rupees?|pesos?|"
     r"shillings?|guilders?|ducats?|florins?|lire|lira|rubles?|roubles?|yuan|dinars?|rand|won"
 )
+# An amount: a run of digits, commas and full stops, then the unit. Such a match is tried only
+# from the start of the run (the look-behind; leading marks skipped) and the run is taken
+# whole (possessive: a unit never starts with a digit or a mark), so a 10 KB run
+# "1990,1990,..." is read once: tried from every digit, as "\d[\d,.]*", it was quadratic (20 s
+# for one question). A sentence holds a match exactly when the plain form would find one.
+_AMOUNT = r"(?<![\d,.])[,.]*+\d[\d,.]*+"
 _MONEY = re.compile(
-    rf"[$€£¥₹]\s?\d|\d[\d,.]*\s*(thousand\s+|million\s+|billion\s+)?({_CURRENCY})\b", re.I
+    rf"[$€£¥₹]\s?\d|{_AMOUNT}\s*+(thousand\s+|million\s+|billion\s+)?({_CURRENCY})\b", re.I
 )
-_LENGTH = re.compile(rf"\d[\d,.]*\s*(-\s*)?({_UNITS})\b", re.I)
+_LENGTH = re.compile(rf"{_AMOUNT}\s*+(-\s*)?({_UNITS})\b", re.I)
 _PLACE_WORDS = (
     r"Valley|River|Mountains?|Mount|Lake|Hills?|Coast|Province|Region|County|District|Island|"
     r"Islands|Bay|Plain|Plains|Forest|Desert|Sea|Ocean|Gulf|Peninsula|Basin|Highlands|Canyon|"

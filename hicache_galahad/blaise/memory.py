@@ -17,12 +17,22 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from . import prompt as prompt_mod
 from .rank import Ranker, RankParams
-from .records import Manifest, SectionRef, TextRecords
+from .records import (
+    MAX_DOC_ID_BYTES,
+    MAX_MANIFEST_BYTES,
+    MAX_SECTION_BYTES,
+    Manifest,
+    SectionRef,
+    TextRecords,
+    manifest_record,
+    section_key,
+)
 from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens, segment
 
 log = logging.getLogger(__name__)
@@ -147,10 +157,12 @@ class Blaise:
 
     def add(self, doc_id: str, text: str | bytes) -> list[Section]:
         """Stores and indexes a document (replacing one of the same id); returns its
-        sections. Raises ValueError for bytes that are not UTF-8 and OSError if the store
-        cannot write."""
-        if not isinstance(doc_id, str) or not doc_id:
-            raise ValueError("doc_id must be a non-empty string")
+        sections. Raises ValueError, before anything is written, for input that cannot be
+        stored (see check_doc_id; bytes that are not UTF-8; a section or manifest over the
+        store's read cap), and OSError if the store cannot write."""
+        check_doc_id(doc_id)
+        if not isinstance(text, str | bytes | bytearray | memoryview):
+            raise ValueError(f"blaise: a document is str or UTF-8 bytes, not {type(text).__name__}")
         data = text.encode("utf-8") if isinstance(text, str) else bytes(text)
         data.decode("utf-8")  # raises UnicodeDecodeError (a ValueError) if it is not UTF-8
         digest = hashlib.sha256(data).hexdigest()
@@ -163,15 +175,29 @@ class Blaise:
             min_tokens=self.min_tokens,
             count_tokens=self.count_tokens,
         )
-        keys = self._records.put_sections(doc_id, data, [(s.start, s.end) for s in sections])
-        if keys is None:
-            raise OSError(f"blaise: could not store the sections of {doc_id!r}")
+        chunks = [data[s.start : s.end] for s in sections]
+        for section, chunk in zip(sections, chunks, strict=True):
+            if len(chunk) > MAX_SECTION_BYTES:
+                raise ValueError(
+                    f"blaise: {doc_id!r} has a section of {len(chunk)} bytes "
+                    f"[{section.start}, {section.end}): over the read cap of "
+                    f"{MAX_SECTION_BYTES} bytes (lower budget_tokens)"
+                )
+        keys = [section_key(doc_id, chunk) for chunk in chunks]
         refs = tuple(
             SectionRef(s.start, s.end, k, s.headings) for s, k in zip(sections, keys, strict=True)
         )
         manifest = Manifest(doc_id, len(data), digest, refs)
-        key = self._records.put_manifest(manifest)
-        if key is None or not self._records.append_log(
+        key, encoded = manifest_record(manifest)
+        if len(encoded) > MAX_MANIFEST_BYTES:
+            raise ValueError(
+                f"blaise: the manifest of {doc_id!r} would be {len(encoded)} bytes: over the "
+                f"read cap of {MAX_MANIFEST_BYTES} bytes ({len(refs)} sections; raise "
+                "budget_tokens or split the document)"
+            )
+        if not self._records.put_sections(keys, chunks):
+            raise OSError(f"blaise: could not store the sections of {doc_id!r}")
+        if not self._records.put_manifest(key, encoded) or not self._records.append_log(
             {"op": "add", "doc_id": doc_id, "manifest": key}
         ):
             raise OSError(f"blaise: could not store the manifest of {doc_id!r}")
@@ -306,6 +332,23 @@ class Blaise:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def check_doc_id(doc_id) -> None:
+    """Raises ValueError unless `doc_id` can be stored: a non-empty str of at most
+    MAX_DOC_ID_BYTES UTF-8 bytes without control characters (C0, DEL, C1: a line break in an
+    id would break the prompt's "Source:" line and the index's one line per section)."""
+    if not isinstance(doc_id, str) or not doc_id:
+        raise ValueError(f"blaise: doc_id must be a non-empty str, not {doc_id!r:.80}")
+    try:
+        size = len(doc_id.encode("utf-8"))
+    except UnicodeEncodeError as error:
+        raise ValueError(f"blaise: doc_id is not encodable as UTF-8: {error}") from None
+    if size > MAX_DOC_ID_BYTES:
+        raise ValueError(f"blaise: doc_id of {size} UTF-8 bytes: the limit is {MAX_DOC_ID_BYTES}")
+    bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
+    if bad is not None:
+        raise ValueError(f"blaise: doc_id {doc_id!r:.80} holds the control character {bad!r}")
 
 
 def decoded_slice(data: bytes, ref: SectionRef) -> str:

@@ -14,16 +14,30 @@ leaves at worst unreferenced records. Records live under `<root>/blaise`, a Reco
 their own with no byte cap, so the KV budget (which evicts under `<root>/ns`) never touches
 text. Every read is verified by the store (digest, or AES-GCM tag with the tenant's key); a
 record that fails is a miss, and the caller skips it.
+
+With `encryption_key_file`, the namespace also names the key (`key_id`: 64 bits of an HMAC
+under the tenant's key, which says nothing about the key), so each key has records, catalog
+and log numbers of its own. Two writers of one tenant with different key files never read
+each other's records: in one shared namespace the store, having opened a record with this
+reader's key, takes a tag that fails as damage and quarantines the record (reader.py,
+`reader_may_be_wrong`), so one writer's replay destroyed the other's catalog entries.
+
+Every log entry is padded to LOG_ENTRY_BYTES: the store replaces an existing record whose
+size differs from a put's (a damaged or foreign page, for KV), so two writers racing for one
+log number with entries of different sizes could replace an entry its writer had already read
+back; with one size the second put keeps the first entry and its writer moves on.
 """
 
 from __future__ import annotations
 
 import hashlib
+import hmac
 import json
 import logging
 import os
 from dataclasses import dataclass
 
+from ..crypto import derive_tenant_key, load_master_key
 from ..namespace import Namespace
 from ..store import RecordStore
 
@@ -35,6 +49,8 @@ SCHEMA = 1
 MAX_SECTION_BYTES = 16 << 20
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_LOG_BYTES = 1 << 20
+LOG_ENTRY_BYTES = 4096  # every catalog entry is padded to this size (see the module notes)
+MAX_DOC_ID_BYTES = 1024  # UTF-8 bytes; so that the longest entry fits LOG_ENTRY_BYTES
 LOG_GAP_PROBE = 64  # missing log entries tolerated in a row (quarantined damage) on replay
 
 
@@ -83,6 +99,29 @@ def section_key(doc_id: str, data: bytes) -> str:
     return f"s/{doc_prefix(doc_id)}/{hashlib.sha256(data).hexdigest()}"
 
 
+def manifest_record(manifest: Manifest) -> tuple[str, bytes]:
+    """The manifest's record key and bytes."""
+    data = manifest.encode()
+    return f"m/{doc_prefix(manifest.doc_id)}/{hashlib.sha256(data).hexdigest()}", data
+
+
+def log_entry(entry: dict) -> bytes:
+    """A catalog entry's bytes: JSON with a nonce, padded with spaces to LOG_ENTRY_BYTES.
+    Raises ValueError if it does not fit (a doc id over MAX_DOC_ID_BYTES)."""
+    data = json.dumps(
+        entry | {"nonce": os.urandom(8).hex()}, ensure_ascii=False, separators=(",", ":")
+    ).encode()
+    if len(data) > LOG_ENTRY_BYTES:
+        raise ValueError(f"blaise: a catalog entry of {len(data)} bytes exceeds {LOG_ENTRY_BYTES}")
+    return data.ljust(LOG_ENTRY_BYTES)
+
+
+def key_id(encryption_key_file: str, tenant: str) -> str:
+    """64 bits naming the tenant's key (an HMAC under it): equal for equal keys only."""
+    tenant_key = derive_tenant_key(load_master_key(encryption_key_file), tenant)
+    return hmac.new(tenant_key, b"hicache-galahad/blaise/key-id/v1", "sha256").hexdigest()[:16]
+
+
 class TextRecords:
     """One tenant's Blaise records; the only module here that does I/O."""
 
@@ -93,19 +132,19 @@ class TextRecords:
             max_bytes=None,
             durability="fsync",  # text cannot be recomputed: durable before a put returns
         )
+        geometry: dict = {"schema": SCHEMA}
+        if encryption_key_file:
+            geometry["key"] = key_id(encryption_key_file, tenant)  # a namespace per key
         self.namespace = self.store.register_namespace(
-            Namespace(tenant, MODEL_FINGERPRINT, POOL, {"schema": SCHEMA})
+            Namespace(tenant, MODEL_FINGERPRINT, POOL, geometry)
         )
         self._next_log = 0
 
     # ------------------------------------------------------------------ sections
 
-    def put_sections(self, doc_id: str, data: bytes, ranges) -> list[str] | None:
-        """Stores each [start, end) of `data` as a record; their keys, or None on failure."""
-        keys = [section_key(doc_id, data[start:end]) for start, end in ranges]
-        chunks = [data[start:end] for start, end in ranges]
-        results = self.store.put_many(self.namespace, keys, chunks) if keys else []  # one batch
-        return keys if all(results) else None
+    def put_sections(self, keys: list[str], chunks: list[bytes]) -> bool:
+        """Stores each chunk under its key (section_key), in one batch; False on failure."""
+        return all(self.store.put_many(self.namespace, keys, chunks)) if keys else True
 
     def get_section(self, ref: SectionRef) -> bytes | None:
         """The section's verified bytes, or None if missing or damaged (or not matching)."""
@@ -121,10 +160,9 @@ class TextRecords:
 
     # ------------------------------------------------------------------ manifests
 
-    def put_manifest(self, manifest: Manifest) -> str | None:
-        data = manifest.encode()
-        key = f"m/{doc_prefix(manifest.doc_id)}/{hashlib.sha256(data).hexdigest()}"
-        return key if self.store.put(self.namespace, key, data) else None
+    def put_manifest(self, key: str, data: bytes) -> bool:
+        """Stores a manifest (manifest_record's key and bytes)."""
+        return self.store.put(self.namespace, key, data)
 
     def get_manifest(self, key: str) -> Manifest | None:
         data = self.store.get_bytes(self.namespace, key, MAX_MANIFEST_BYTES)
@@ -181,19 +219,23 @@ class TextRecords:
 
     def append_log(self, entry: dict) -> bool:
         """Appends an entry after the last one. Another writer may take a number first (the
-        store keeps the first record of a key), so each put is read back and compared."""
-        data = json.dumps(
-            entry | {"nonce": os.urandom(8).hex()}, ensure_ascii=False, separators=(",", ":")
-        ).encode()
-        for _ in range(1000):
+        store keeps the first record of a key, all entries being one size), so each put is
+        read back and compared; a number taken is skipped. False if the entry cannot be
+        stored or read back (three tries: never a stream of records)."""
+        data = log_entry(entry)
+        failures = 0
+        while failures < 3:
             key = f"log/{self._next_log}"
             self._next_log += 1
             if self.store.contains(self.namespace, key):
-                continue
+                continue  # taken (numbers in use are bounded by the log itself)
             if not self.store.put(self.namespace, key, data):
                 return False
-            if self.store.get_bytes(self.namespace, key, MAX_LOG_BYTES) == data:
+            stored = self.store.get_bytes(self.namespace, key, MAX_LOG_BYTES)
+            if stored == data:
                 return True
+            if stored is None:
+                failures += 1  # ours or another's, unreadable: try the next number, not forever
         return False
 
     def close(self) -> None:

@@ -24,17 +24,23 @@ DEFAULT_MIN_TOKENS = 150
 
 _LETTERS = b"ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz"
 _DIGITS_AND_SPACE = b"0123456789 \t\n\r\x0b\x0c"
-_BLANK_LINE = re.compile(rb"\n[ \t\r\f\v]*(?=\n)")
-_ATX = re.compile(rb"^(#{1,6})[ \t]+(.+?)[ \t#]*$")
-_WIKI = re.compile(rb"^(={1,6})[ \t]*([^=].*?)[ \t]*\1[ \t]*$")
+_LINE_END = re.compile(rb"\r\n?|\n|$")  # where bytes.splitlines ends a line
+_ATX_OPEN = re.compile(rb"(#{1,6})[ \t]+")  # markdown: "## Title ##"
 _HEADING_MARKS = (b"#", b"=")
 _RULE_MARKS = (b"=", b"-", b"*", b"~", b"^", b"+")
-_SETEXT = re.compile(rb"^(=+|-+|\*+|~+|\^+|\++)[ \t]*$")  # markdown and reStructuredText
+MAX_HEADING_BYTES = 1024  # a longer line is text, not a heading (it bounds heading paths)
 # A sentence ends at . ! ? (and closing quotes or brackets), then whitespace, then something
-# that can start a sentence. Abbreviations and initials are checked separately.
+# that can start a sentence. Abbreviations and initials are checked separately. A match starts
+# only at the first mark of a run and its quantifiers never give back (possessive: what
+# follows each cannot start with what it takes), so a run of 80,000 marks is read once, not
+# once per mark (that was quadratic: 40 KB of "." took 33 s).
 _SENTENCE_END = re.compile(
-    rb"[.!?]+[\"')\]\xe2\x80\x9d\xe2\x80\x99]*(\s+)(?=[\"'(\[A-Z0-9\xc2-\xf4*#|=-])"
+    rb"(?<![.!?])[.!?]++[\"')\]\xe2\x80\x9d\xe2\x80\x99]*+(\s++)(?=[\"'(\[A-Z0-9\xc2-\xf4*#|=-])"
 )
+# A run without spaces or line breaks longer than this is cut at a character boundary (the
+# last resort, after sentences, lines and spaces), so no piece is unbounded: 16 KiB holds 600
+# tokens of letters (one per 34) and keeps every section far below the store's read cap.
+HARD_CUT_BYTES = 16 << 10
 _ABBREVIATIONS = frozenset(
     b"mr mrs ms dr prof st jr sr vs etc e.g i.e no nos mt ft inc ltd co corp gen col lt sgt "
     b"capt rev hon fig figs vol approx ca cf al u.s u.k op pp ed eds jan feb mar apr jun jul "
@@ -140,11 +146,17 @@ def _blocks(data: bytes):
 
 def _heading(line: bytes, next_line: bytes) -> tuple[int, str] | None:
     text = line.strip()
-    if text[:1] in _HEADING_MARKS:
-        for pattern in (_ATX, _WIKI):
-            match = pattern.match(text)
-            if match:
-                return len(match.group(1)), _title(match.group(2))
+    if len(text) > MAX_HEADING_BYTES:
+        return None
+    mark = text[:1]
+    if mark == b"#":
+        found = _atx(text)
+        if found is not None:
+            return found
+    elif mark == b"=":
+        found = _wiki(text)
+        if found is not None:
+            return found
     rule = next_line.strip()
     if rule[:1] not in _RULE_MARKS:
         return None
@@ -153,8 +165,37 @@ def _heading(line: bytes, next_line: bytes) -> tuple[int, str] | None:
     return None
 
 
+# The heading forms are parsed by hand, in one pass each. As regular expressions with a lazy
+# title followed by a run of marks or spaces and the end of the line, they retried that run at
+# every character of the title: quadratic in a long line ("# a", 80 KB of spaces and a letter
+# took 47 s; "= a", spaces, "b" over 120 s). `text` is stripped (no whitespace at either end,
+# no line break); the results are those the expressions gave.
+
+
+def _atx(text: bytes) -> tuple[int, str] | None:
+    """A markdown heading "## Title ##": 1-6 marks, spaces, the title, optional closing marks."""
+    opening = _ATX_OPEN.match(text)  # seven marks or more do not match
+    if opening is None:
+        return None
+    rest = text[opening.end() :]
+    title = rest.rstrip(b" \t#") or rest[:1]  # at least one character: "# #" is titled "#"
+    return len(opening.group(1)), _title(title)
+
+
+def _wiki(text: bytes) -> tuple[int, str] | None:
+    """A wiki heading "== Title ==": the same number (1-6) of marks on both sides."""
+    level = len(text) - len(text.lstrip(b"="))
+    closing = b"=" * level
+    rest = text[level:]
+    if not 1 <= level <= 6 or len(rest) <= level or not rest.endswith(closing):
+        return None
+    return level, _title(rest[:-level])
+
+
 def _is_setext_rule(text: bytes) -> bool:
-    return bool(_SETEXT.match(text)) and len(text) >= 3
+    """A markdown or reStructuredText underline: 3 or more of one mark, then spaces or tabs."""
+    mark = text[:1]
+    return len(text) >= 3 and mark in _RULE_MARKS and not text.rstrip(b" \t").lstrip(mark)
 
 
 def _title(raw: bytes) -> str:
@@ -167,6 +208,14 @@ def _title(raw: bytes) -> str:
 def _pieces(data: bytes, budget: int, count: Callable[[bytes], int]) -> list[_Piece]:
     pieces: list[_Piece] = []
     for start, end, heading in _blocks(data):
+        if heading is not None and end - start > HARD_CUT_BYTES:
+            # a heading line (at most MAX_HEADING_BYTES) with a huge underline or run of
+            # blank lines: the heading is its first line, the rest is cut as text
+            line_end = _LINE_END.search(data, start, end).end()
+            pieces.append(_Piece(start, line_end, count(data[start:line_end]), heading))
+            if line_end < end:
+                pieces += _split_long(data, line_end, end, budget, count)
+            continue
         tokens = count(data[start:end])
         if heading is not None or tokens <= budget:
             pieces.append(_Piece(start, end, tokens, heading))
@@ -207,32 +256,51 @@ def _is_abbreviation(data: bytes, floor: int, dot: int) -> bool:
 
 
 def _split_long(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
-    """A sentence longer than the budget: cut at line breaks, or at spaces if it has none."""
+    """A sentence longer than the budget: cut at line breaks, or at spaces if it has none, and
+    a run with neither at a character boundary every HARD_CUT_BYTES (so the concatenation is
+    still the document, and no piece is unbounded)."""
     text = data[start:end]
-    separator = rb"\n" if text.rstrip().count(b"\n") else rb"[ \t]+"
-    cuts = [start + m.end() for m in re.finditer(separator, text)]
-    bounds = [start, *[c for c in cuts if start < c < end], end]
-    pieces: list[_Piece] = []
-    for low, high in zip(bounds, bounds[1:], strict=False):
-        tokens = count(data[low:high])
-        if pieces and pieces[-1].tokens + tokens <= budget:
-            pieces[-1].end, pieces[-1].tokens = high, pieces[-1].tokens + tokens
-        elif tokens > budget and separator == rb"\n":
-            pieces += _split_long_spaces(data, low, high, budget, count)
-        else:
-            pieces.append(_Piece(low, high, tokens))
-    return pieces
+    if text.rstrip().count(b"\n"):
+        cuts = [start + m.end() for m in re.finditer(rb"\n", text)]
+        return _packed(data, _bounds(start, end, cuts), budget, count, _split_long_spaces)
+    return _split_long_spaces(data, start, end, budget, count)
 
 
 def _split_long_spaces(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
+    cuts = [start + m.end() for m in re.finditer(rb"[ \t]+", data[start:end])]
+    return _packed(data, _bounds(start, end, cuts), budget, count, _split_hard)
+
+
+def _split_hard(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
+    """A run without line breaks or spaces: cut before a UTF-8 lead byte every HARD_CUT_BYTES
+    at most (so each piece decodes on its own), the parts packed up to the budget."""
+    cuts = []
+    cut = start
+    while end - cut > HARD_CUT_BYTES:
+        at = cut + HARD_CUT_BYTES
+        while at > cut + 1 and 0x80 <= data[at] < 0xC0:  # a continuation byte: back off
+            at -= 1
+        cuts.append(at)
+        cut = at
+    return _packed(data, _bounds(start, end, cuts), budget, count, None)
+
+
+def _bounds(start: int, end: int, cuts: list[int]) -> list[int]:
+    return [start, *[c for c in cuts if start < c < end], end]
+
+
+def _packed(data: bytes, bounds: list[int], budget: int, count, finer) -> list[_Piece]:
+    """The parts between consecutive bounds, packed greedily up to the budget; a part over the
+    budget is cut finer (by `finer`) when there is a finer way, else kept whole."""
     pieces: list[_Piece] = []
-    words = [start, *[start + m.end() for m in re.finditer(rb"[ \t]+", data[start:end])], end]
-    for low, high in zip(words, words[1:], strict=False):
+    for low, high in zip(bounds, bounds[1:], strict=False):
         if low == high:
             continue
         tokens = count(data[low:high])
         if pieces and pieces[-1].tokens + tokens <= budget:
             pieces[-1].end, pieces[-1].tokens = high, pieces[-1].tokens + tokens
+        elif finer is not None and (tokens > budget or high - low > HARD_CUT_BYTES):
+            pieces += finer(data, low, high, budget, count)
         else:
             pieces.append(_Piece(low, high, tokens))
     return pieces
