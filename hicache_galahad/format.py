@@ -269,7 +269,11 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
             f"record is {file_len} bytes, header says {header_len + payload_len}"
         )
     tag_bytes = TAG_BYTES if flags & FLAG_AES256_GCM else 0
-    if payload_len < tag_bytes or (not flags & FLAG_ZSTD and payload_len - tag_bytes != raw_len):
+    body_len = payload_len - tag_bytes
+    # A writer keeps a zstd frame only when it is smaller than the page: a compressed body
+    # longer than raw_len is never written, and bounding it keeps every read of a record
+    # (whose raw_len matches the page asked for) within the page's size.
+    if body_len < 0 or (body_len > raw_len if flags & FLAG_ZSTD else body_len != raw_len):
         raise PayloadSizeError(f"payload {payload_len} bytes cannot hold {raw_len} raw bytes")
     if len(prefix) < header_len:
         raise TruncatedHeaderError("key echo is cut short")
@@ -412,7 +416,9 @@ def decode_record(
     require_encryption: bool = False,
     allow_unverified: bool = False,
 ):
-    """Applies every rule (V1-V16) to a whole record in memory and returns the raw page."""
+    """Applies every rule (V1-V16) to a whole record in memory and returns the raw page.
+    The lengths it claims are compared with `expected_raw_len` before any payload byte is
+    hashed, decrypted or decompressed (V16 first: a frame claiming 1 GiB is never inflated)."""
     data = memoryview(data).cast("B")
     header = parse_header(data, len(data))
     check_identity(
@@ -422,15 +428,14 @@ def decode_record(
         require_encryption=require_encryption,
         allow_unverified=allow_unverified,
     )
-    raw = decode_payload(
+    if expected_raw_len is not None and header.raw_len != expected_raw_len:
+        raise RawSizeError(
+            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
+        )
+    return decode_payload(
         header,
         data[: header.header_len],
         data[header.header_len :],
         cipher=cipher,
         decompress=decompress,
     )
-    if expected_raw_len is not None and header.raw_len != expected_raw_len:
-        raise RawSizeError(
-            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
-        )
-    return raw

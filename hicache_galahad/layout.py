@@ -14,6 +14,7 @@ Nothing under the root is ever followed through a symbolic link: directories are
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
@@ -105,7 +106,24 @@ class FileEntry:
 
 
 class StoreLayout:
-    """Paths under a store root and the scans of its directories."""
+    """Paths under a store root and the scans of its directories.
+
+    Reads, writes, deletions and quarantine moves never reach a namespace's records by a path
+    string: `<root>/ns` and each namespace directory are opened once with O_NOFOLLOW and held
+    (`namespace_fd`), and records are opened, created, linked, renamed and unlinked relative
+    to those descriptors, so a directory replaced by a symbolic link is never followed. A held
+    descriptor is checked against the name at most every DIR_RECHECK_S: when the name no
+    longer names that directory (removed, renamed, replaced), the descriptor is let go and
+    the name opened again, so a real directory put there is served and a link is refused
+    (its reads miss and its writes fail until a real directory is there again).
+    """
+
+    DIR_OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+    DIR_RECHECK_S = 1.0
+    # Descriptors let go stay open this long (a thread may be using one right now; every use
+    # is one system call, and writers hold their own duplicate for a whole batch).
+    RETIRED_FD_GRACE_S = 60.0
+    NAMESPACE_FDS_MAX = 256  # held at once; beyond it the longest held is let go
 
     def __init__(self, root: str):
         self.root = os.path.abspath(root)
@@ -115,6 +133,10 @@ class StoreLayout:
         self._dirs: dict[str, str] = {}
         self._prefixes: dict[str, str] = {}
         self._descriptions: dict[str, tuple[float, Namespace | None]] = {}
+        self._ns_fd: tuple[int, float] | None = None  # (descriptor, when to check it again)
+        self._dir_fds: dict[str, tuple[int, float]] = {}
+        self._retired_fds: list[tuple[int, float]] = []
+        self._fd_lock = threading.Lock()
 
     def prepare(self, *, read_only: bool, min_free_bytes: int) -> None:
         """Checks (and, unless read-only, creates) the root: a real directory whose `ns` and
@@ -147,14 +169,15 @@ class StoreLayout:
             )
 
     def namespace_dir(self, dirname: str) -> str:
+        """The namespace directory's path: for messages, scans and tools; reads, writes and
+        deletions go through `namespace_fd`."""
         directory = self._dirs.get(dirname)
         if directory is None:
             directory = self._dirs[dirname] = os.path.join(self.ns_root, dirname)
         return directory
 
     def namespace_prefix(self, dirname: str) -> str:
-        """The namespace's directory with a trailing separator (record paths are built by
-        concatenation on the read path)."""
+        """The namespace's directory with a trailing separator (for messages)."""
         prefix = self._prefixes.get(dirname)
         if prefix is None:
             prefix = self._prefixes[dirname] = self.namespace_dir(dirname) + os.sep
@@ -163,28 +186,133 @@ class StoreLayout:
     def record_path(self, dirname: str, key: str) -> str:
         return os.path.join(self.namespace_dir(dirname), record_filename(key))
 
-    def new_temp_path(self, dirname: str, filename: str, writer_token: str) -> str:
+    def new_temp_name(self, filename: str, writer_token: str) -> str:
         stem = filename[: -len(RECORD_SUFFIX)]
-        name = f"{TEMP_PREFIX}{writer_token}-{os.urandom(4).hex()}-{stem}{TEMP_SUFFIX}"
-        return os.path.join(self.namespace_dir(dirname), name)
+        return f"{TEMP_PREFIX}{writer_token}-{os.urandom(4).hex()}-{stem}{TEMP_SUFFIX}"
+
+    def new_temp_path(self, dirname: str, filename: str, writer_token: str) -> str:
+        return os.path.join(self.namespace_dir(dirname), self.new_temp_name(filename, writer_token))
 
     def unlink_record(self, dirname: str, filename: str) -> int | None:
-        """Deletes a record through its directory opened without following symlinks; the
+        """Deletes a record through its held directory descriptor (never through a link); the
         bytes it was accounted for, or None if it was not there."""
         try:
-            dir_fd = os.open(
-                self.namespace_dir(dirname), os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW
-            )
-        except OSError:
-            return None
-        try:
+            dir_fd = self.namespace_fd(dirname)
             info = os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
             os.unlink(filename, dir_fd=dir_fd)
         except OSError:
             return None
-        finally:
-            os.close(dir_fd)
         return accounted_bytes(info)
+
+    # ------------------------------------------------------------- directory descriptors
+
+    def namespace_fd(self, dirname: str, recheck: bool = False) -> int:
+        """The held descriptor of `<root>/ns/<dirname>`, opened without following links (see
+        the class's docstring). Never close it. Raises FileNotFoundError when there is no such
+        directory and NotADirectoryError when the name is a link or not a directory."""
+        held = self._dir_fds.get(dirname)
+        if held is not None and not recheck and time.monotonic() < held[1]:
+            return held[0]
+        with self._fd_lock:
+            return self._namespace_fd_locked(dirname, recheck)
+
+    def namespace_fd_dup(self, dirname: str) -> int:
+        """A duplicate of namespace_fd, for work that spans many calls (a batch of writes):
+        the caller closes it."""
+        dir_fd = self.namespace_fd(dirname)
+        return os.dup(dir_fd)  # (non-inheritable, as Python makes every dup)
+
+    def ns_fd(self) -> int:
+        """The held descriptor of `<root>/ns` (see namespace_fd)."""
+        held = self._ns_fd
+        if held is not None and time.monotonic() < held[1]:
+            return held[0]
+        with self._fd_lock:
+            return self._ns_fd_locked()
+
+    def _ns_fd_locked(self) -> int:
+        now_s = time.monotonic()
+        held = self._ns_fd
+        if held is not None and now_s < held[1]:
+            return held[0]
+        self._close_retired(now_s)
+        if held is not None:
+            if _names_same_directory(held[0], self.ns_root, None):
+                self._ns_fd = (held[0], now_s + self.DIR_RECHECK_S)
+                return held[0]
+            self._ns_fd = None
+            self._retire(held[0], now_s)
+            for name in list(self._dir_fds):  # they hang under the old `ns`
+                self._retire(self._dir_fds.pop(name)[0], now_s)
+        fd = self._open_dir(self.ns_root, None)
+        self._ns_fd = (fd, now_s + self.DIR_RECHECK_S)
+        return fd
+
+    def _namespace_fd_locked(self, dirname: str, recheck: bool) -> int:
+        ns_fd = self._ns_fd_locked()
+        now_s = time.monotonic()
+        held = self._dir_fds.get(dirname)
+        if held is not None and not recheck and now_s < held[1]:
+            return held[0]
+        if held is not None:
+            if _names_same_directory(held[0], dirname, ns_fd):
+                self._dir_fds[dirname] = (held[0], now_s + self.DIR_RECHECK_S)
+                return held[0]
+            del self._dir_fds[dirname]  # removed, renamed or replaced since it was opened
+            self._retire(held[0], now_s)
+        if not _is_plain_name(dirname):
+            raise FileNotFoundError(errno.ENOENT, "not a namespace directory name", dirname)
+        fd = self._open_dir(dirname, ns_fd)
+        if len(self._dir_fds) >= self.NAMESPACE_FDS_MAX:
+            oldest = min(self._dir_fds, key=lambda name: self._dir_fds[name][1])
+            self._retire(self._dir_fds.pop(oldest)[0], now_s)
+        self._dir_fds[dirname] = (fd, now_s + self.DIR_RECHECK_S)
+        return fd
+
+    def _open_dir(self, name: str, dir_fd: int | None) -> int:
+        try:
+            return os.open(name, self.DIR_OPEN_FLAGS, dir_fd=dir_fd)
+        except OSError as error:
+            if error.errno in (errno.ELOOP, errno.ENOTDIR):
+                path = name if dir_fd is None else self.namespace_dir(name)
+                raise NotADirectoryError(
+                    error.errno, "a symbolic link or not a directory (never followed)", path
+                ) from None
+            raise
+
+    def _retire(self, fd: int, now_s: float) -> None:
+        self._retired_fds.append((fd, now_s))
+
+    def _close_retired(self, now_s: float) -> None:
+        while self._retired_fds and now_s - self._retired_fds[0][1] > self.RETIRED_FD_GRACE_S:
+            with contextlib.suppress(OSError):
+                os.close(self._retired_fds.pop(0)[0])
+
+    def close(self) -> None:
+        """Closes every held descriptor (the store is closed: nothing uses them any more)."""
+        with self._fd_lock:
+            fds = [fd for fd, _ in self._retired_fds] + [fd for fd, _ in self._dir_fds.values()]
+            if self._ns_fd is not None:
+                fds.append(self._ns_fd[0])
+            self._retired_fds, self._dir_fds, self._ns_fd = [], {}, None
+            for fd in fds:
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    @contextlib.contextmanager
+    def _namespace_dir_fd(self, dirname: str, create: bool = False):
+        """The held descriptor when there is one; else a descriptor opened for this use only
+        (tools that look at every namespace once do not hold one each)."""
+        if dirname in self._dir_fds or create:
+            yield self.namespace_fd(dirname, recheck=create)
+            return
+        fd = self._open_dir(dirname, self.ns_fd()) if _is_plain_name(dirname) else None
+        if fd is None:
+            raise FileNotFoundError(errno.ENOENT, "not a namespace directory name", dirname)
+        try:
+            yield fd
+        finally:
+            os.close(fd)
 
     # ------------------------------------------------------------- scans
 
@@ -199,30 +327,41 @@ class StoreLayout:
         return sorted(entry.name for entry in entries if entry.is_dir(follow_symlinks=False))
 
     def _entries(self, directory: str, dirname: str, wanted, on_error) -> Iterator[FileEntry]:
-        try:
-            entries = list(os.scandir(directory))
+        try:  # listed through a descriptor of its own, opened without following a link
+            dir_fd = os.open(directory, self.DIR_OPEN_FLAGS)
         except FileNotFoundError:
             return
-        except OSError as error:  # e.g. a namespace directory this user cannot read
+        except OSError as error:  # e.g. a namespace directory this user cannot read, a link
             if on_error is not None:
                 on_error(directory, error)
             return
-        for entry in entries:
-            if not wanted(entry.name):
-                continue
-            try:
-                info = entry.stat(follow_symlinks=False)
-            except FileNotFoundError:
-                continue
-            yield FileEntry(
-                dirname,
-                entry.name,
-                entry.path,
-                info.st_size,
-                accounted_bytes(info),
-                info.st_mtime_ns,
-                info.st_ino,
-            )
+        found = []
+        try:  # (each entry's stat is relative to dir_fd: all taken before it is closed)
+            for entry in os.scandir(dir_fd):
+                if not wanted(entry.name):
+                    continue
+                try:
+                    info = entry.stat(follow_symlinks=False)
+                except FileNotFoundError:
+                    continue
+                found.append(
+                    FileEntry(
+                        dirname,
+                        entry.name,
+                        os.path.join(directory, entry.name),
+                        info.st_size,
+                        accounted_bytes(info),
+                        info.st_mtime_ns,
+                        info.st_ino,
+                    )
+                )
+        except OSError as error:
+            if on_error is not None:
+                on_error(directory, error)
+            return
+        finally:
+            os.close(dir_fd)
+        yield from found
 
     def records(self, dirnames=None, on_error=None) -> Iterator[FileEntry]:
         for dirname in self.namespace_dirnames(on_error) if dirnames is None else dirnames:
@@ -243,9 +382,9 @@ class StoreLayout:
     def load_namespace(self, dirname: str) -> Namespace | None:
         """The namespace a directory's namespace.json describes, if it is intact and matches
         the directory's name; None otherwise."""
-        path = os.path.join(self.namespace_dir(dirname), NAMESPACE_FILE)
         try:
-            fd = os.open(path, RECORD_OPEN_FLAGS)
+            with self._namespace_dir_fd(dirname) as dir_fd:
+                fd = os.open(NAMESPACE_FILE, RECORD_OPEN_FLAGS, dir_fd=dir_fd)
             with os.fdopen(fd, "rb") as description:
                 if not stat.S_ISREG(os.fstat(description.fileno()).st_mode):
                     return None
@@ -266,48 +405,84 @@ class StoreLayout:
         return cached[1]
 
     def write_namespace(self, namespace: Namespace, durable: bool) -> None:
-        """Creates the namespace's directory and (re)writes its namespace.json atomically
-        when it is missing or does not describe this namespace."""
-        directory = self.namespace_dir(namespace.dirname)
-        os.makedirs(directory, exist_ok=True)
-        if os.path.islink(directory):
-            raise NotADirectoryError(f"{directory} is a symbolic link")
-        if self.load_namespace(namespace.dirname) == namespace:
-            return
-        path = os.path.join(directory, NAMESPACE_FILE)
-        temp_path = f"{path}.{os.getpid()}.{threading.get_ident()}{NAMESPACE_TEMP_SUFFIX}"
+        """Creates the namespace's directory (and `ns`, if it went) and (re)writes its
+        namespace.json atomically when it is missing or does not describe this namespace,
+        all through descriptors opened without following links (NotADirectoryError when
+        `ns` or the namespace's directory is a link)."""
+        dirname = namespace.dirname
         try:
-            with open(temp_path, "w") as description:
+            ns_fd = self.ns_fd()
+        except FileNotFoundError:
+            os.makedirs(self.ns_root, exist_ok=True)
+            ns_fd = self.ns_fd()
+        with contextlib.suppress(FileExistsError):
+            os.mkdir(dirname, dir_fd=ns_fd)
+        dir_fd = self.namespace_fd(dirname, recheck=True)  # a directory made again is taken
+        if self.load_namespace(dirname) == namespace:
+            return
+        temp_name = f"{NAMESPACE_FILE}.{os.getpid()}.{threading.get_ident()}{NAMESPACE_TEMP_SUFFIX}"
+        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        try:
+            fd = os.open(temp_name, flags, 0o666, dir_fd=dir_fd)
+            with os.fdopen(fd, "w") as description:
                 json.dump(namespace.describe() | {"digest": namespace.digest.hex()}, description)
                 description.flush()
                 if durable:
                     os.fsync(description.fileno())
-            os.replace(temp_path, path)
+            os.replace(temp_name, NAMESPACE_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
         finally:
             with contextlib.suppress(OSError):
-                os.unlink(temp_path)
+                os.unlink(temp_name, dir_fd=dir_fd)
         if durable:
-            fsync_dir(directory)
-            fsync_dir(self.ns_root)
+            os.fsync(dir_fd)
+            os.fsync(ns_fd)
 
     def remove_stale_description_temps(self, dirname: str) -> int:
         """Removes namespace.json temp files of writers that are gone (e.g. a full disk)."""
-        directory = self.namespace_dir(dirname)
         removed = 0
         try:
-            names = os.listdir(directory)
+            with self._namespace_dir_fd(dirname) as dir_fd:
+                # a descriptor of its own: listing moves a directory descriptor's offset
+                list_fd = os.open(".", self.DIR_OPEN_FLAGS, dir_fd=dir_fd)
+                try:
+                    names = os.listdir(list_fd)
+                finally:
+                    os.close(list_fd)
+                for name in names:
+                    if not (
+                        name.startswith(NAMESPACE_FILE + ".")
+                        and name.endswith(NAMESPACE_TEMP_SUFFIX)
+                    ):
+                        continue
+                    parts = name.split(".")
+                    pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
+                    if pid is None or not pid_alive(pid):
+                        with contextlib.suppress(OSError):
+                            os.unlink(name, dir_fd=dir_fd)
+                            removed += 1
         except OSError:
-            return 0
-        for name in names:
-            if not (name.startswith(NAMESPACE_FILE + ".") and name.endswith(NAMESPACE_TEMP_SUFFIX)):
-                continue
-            parts = name.split(".")
-            pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-            if pid is None or not pid_alive(pid):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, name))
-                    removed += 1
+            return removed
         return removed
+
+
+def _is_plain_name(name: str) -> bool:
+    """A single path component (a namespace's directory name never holds a separator)."""
+    return bool(name) and name not in (".", "..") and os.sep not in name and "\0" not in name
+
+
+def _names_same_directory(fd: int, name: str, dir_fd: int | None) -> bool:
+    """Whether `name` (relative to dir_fd) is still, without following a link, the directory
+    open at fd."""
+    try:
+        held = os.fstat(fd)
+        current = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+    except OSError:
+        return False
+    return (
+        stat.S_ISDIR(current.st_mode)
+        and held.st_nlink > 0
+        and (current.st_dev, current.st_ino) == (held.st_dev, held.st_ino)
+    )
 
 
 def temp_is_stale(entry: FileEntry, is_alive, now_s: float | None = None) -> bool:

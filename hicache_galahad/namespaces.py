@@ -47,7 +47,7 @@ class NamespaceRegistry:
             if known is not None:
                 return known
             if not self.read_only:
-                self._describe(namespace)
+                self._describe(namespace, at_start=True)
             self._namespaces[namespace.dirname] = namespace
             return namespace
 
@@ -61,13 +61,26 @@ class NamespaceRegistry:
             with self._lock:
                 self._describe(namespace)
 
-    def _describe(self, namespace: Namespace) -> None:
+    def _describe(self, namespace: Namespace, at_start: bool = False) -> None:
+        """Writes the description. A namespace directory that is a link is a ConfigError when
+        the namespace is registered; found later (replaced while the store runs), it is
+        counted and warned about, and the namespace's reads and writes miss (never followed)."""
         directory = self.layout.namespace_dir(namespace.dirname)
         if os.path.islink(directory):
-            raise ConfigError(
-                f"hicache_galahad option 'root': namespace directory {directory!r} is a "
-                "symbolic link; expected a real directory"
+            if at_start:
+                raise ConfigError(
+                    f"hicache_galahad option 'root': namespace directory {directory!r} is a "
+                    "symbolic link; expected a real directory"
+                )
+            self._counters.add("namespace_write_failures")
+            self._warn.warning(
+                "namespace-link",
+                "galahad: namespace directory %s was replaced by a symbolic link: never "
+                "followed, its reads and writes miss until it is a real directory again",
+                directory,
             )
+            self._described_s[namespace.dirname] = time.monotonic()
+            return
         try:
             self.layout.remove_stale_description_temps(namespace.dirname)
             self.layout.write_namespace(namespace, durable=self.durable)

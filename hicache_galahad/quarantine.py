@@ -2,7 +2,9 @@
 
 A quarantined file stays counted in the ledger until it is trimmed (its bytes are still on
 disk). The quarantine directory is reached only through a descriptor opened without following
-symlinks, so no move or deletion here can reach outside the store root.
+symlinks, and a record is moved from its namespace directory's held descriptor
+(layout.StoreLayout.namespace_fd) by name, never through a path, so no move or deletion here
+can reach outside the store root.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ import threading
 import time
 
 from .eviction import LruIndex
-from .layout import accounted_bytes
+from .layout import StoreLayout, accounted_bytes
 from .ledger import Ledger
 from .metrics import Counters
 
@@ -21,38 +23,62 @@ QUARANTINE_KEEP_FILES = 32
 
 
 class Quarantine:
-    def __init__(self, quarantine_dir: str, ledger: Ledger, index: LruIndex, counters: Counters):
+    def __init__(
+        self,
+        quarantine_dir: str,
+        ledger: Ledger,
+        index: LruIndex,
+        counters: Counters,
+        layout: StoreLayout | None = None,
+    ):
         self._dir = quarantine_dir
         self._ledger = ledger
         self._index = index
         self._counters = counters
         self._lock = threading.Lock()
+        # Whose held namespace descriptors moves start from (the store sets its own layout).
+        self.layout = layout or StoreLayout(os.path.dirname(quarantine_dir))
 
     def _dir_fd(self) -> int:
-        return os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        return os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
 
-    def move(self, path: str, dirname: str, inode: int | None = None) -> bool:
-        """Moves the record at `path` into quarantine. With `inode`, only if the file there is
-        still the one that was found damaged (not a fresh record published since)."""
+    def move(
+        self, path: str, dirname: str, inode: int | None = None, dir_fd: int | None = None
+    ) -> bool:
+        """Moves the record named by `path` (only its file name counts) out of namespace
+        `dirname`'s directory (`dir_fd`, or the layout's held descriptor of it) into
+        quarantine. With `inode`, only if the file there is still the one that was found
+        damaged (not a fresh record published since)."""
         filename = os.path.basename(path)
         try:
-            if inode is not None and os.lstat(path).st_ino != inode:
+            source_fd = self.layout.namespace_fd(dirname) if dir_fd is None else dir_fd
+            if (
+                inode is not None
+                and os.stat(filename, dir_fd=source_fd, follow_symlinks=False).st_ino != inode
+            ):
                 return False
-            dir_fd = self._dir_fd()
+            quarantine_fd = self._dir_fd()
         except OSError:
             return False
         try:
-            os.rename(path, f"{time.time_ns()}-{dirname}-{filename}", dst_dir_fd=dir_fd)
+            os.rename(
+                filename,
+                f"{time.time_ns()}-{dirname}-{filename}",
+                src_dir_fd=source_fd,
+                dst_dir_fd=quarantine_fd,
+            )
         except OSError:
             return False
         finally:
-            os.close(dir_fd)
+            os.close(quarantine_fd)
         self._index.discard((dirname, filename))
         self._counters.add("quarantined")
         return True
 
-    def move_and_trim(self, path: str, dirname: str, inode: int | None = None) -> bool:
-        moved = self.move(path, dirname, inode)
+    def move_and_trim(
+        self, path: str, dirname: str, inode: int | None = None, dir_fd: int | None = None
+    ) -> bool:
+        moved = self.move(path, dirname, inode, dir_fd)
         if moved:
             self.trim(QUARANTINE_KEEP_FILES)
         return moved

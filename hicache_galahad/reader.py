@@ -11,6 +11,7 @@ import contextlib
 import errno
 import os
 import stat
+import time
 
 from cryptography.exceptions import InvalidTag
 
@@ -29,6 +30,22 @@ FAST_READ_MAX_BYTES = 1 << 20
 # and the read is served. Only where a read runs depends on it, never what it returns.
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 TOUCHED_LOCATIONS_MAX = 1_000_000
+# A record's modification time is its time of last use (eviction order after a restart,
+# `galahad purge --older-than`): a read sets it again when this process last set it more than
+# this long ago, so it is never older than this (plus the time between two reads) while the
+# record is read, at one futimens per record per interval (docs/OPERATIONS.md).
+RECENCY_INTERVAL_S = 2.0
+
+
+def expected_page_bytes(namespace: Namespace | None) -> int | None:
+    """The raw size of every record of a namespace whose geometry names it (a pool's
+    `page_bytes`); None for namespaces of records of many sizes (Blaise's)."""
+    if namespace is None:
+        return None
+    page_bytes = namespace.geometry.get("page_bytes")
+    if isinstance(page_bytes, int) and not isinstance(page_bytes, bool) and page_bytes >= 0:
+        return page_bytes
+    return None
 
 
 def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
@@ -44,13 +61,15 @@ def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
     return False
 
 
-def open_record(path: str, *, check_regular: bool = True) -> int:
-    """A descriptor of the regular file at `path`; never follows a symlink, never blocks on a
-    FIFO. Raises FileNotFoundError, or NotARegularFileError (V0) for anything else there.
-    Without `check_regular` (the read path, to save an fstat), a FIFO or a directory opens,
-    and the caller's first read of it fails with one of NOT_REGULAR_ERRNOS."""
+def open_record(path: str, *, check_regular: bool = True, dir_fd: int | None = None) -> int:
+    """A descriptor of the regular file at `path` (relative to `dir_fd` when given, as the
+    store opens records: in a namespace directory held open, never by a path through it);
+    never follows a symlink, never blocks on a FIFO. Raises FileNotFoundError, or
+    NotARegularFileError (V0) for anything else there. Without `check_regular` (the read
+    path, to save an fstat), a FIFO or a directory opens, and the caller's first read of it
+    fails with one of NOT_REGULAR_ERRNOS."""
     try:
-        fd = os.open(path, RECORD_OPEN_FLAGS)
+        fd = os.open(path, RECORD_OPEN_FLAGS, dir_fd=dir_fd)
     except FileNotFoundError:
         raise
     except OSError as error:
@@ -76,8 +95,7 @@ class RecordReader:
         self.codec = codec
         self.read_only = read_only
         self._key_proven: set[str] = set()  # namespaces where this reader's key opened a record
-        self._touched: set = set()
-        self._sound_wrong_size: set[int] = set()  # inodes of sound records of another size
+        self._used_s: dict = {}  # location -> when this process last set its time of last use
         self._nowait_works = bool(RWF_NOWAIT)
         self._scratch = ScratchBuffers()
 
@@ -95,8 +113,9 @@ class RecordReader:
         key_bytes = fmt.encode_key(key)
         raw_len = sum(len(segment) for segment in segments)
         filename = filename or record_filename(key)
-        path = self.layout.namespace_prefix(namespace.dirname) + filename
-        fd = open_record(path, check_regular=False)
+        fd = open_record(
+            filename, check_regular=False, dir_fd=self.layout.namespace_fd(namespace.dirname)
+        )
         try:
             if not (
                 raw_len <= FAST_READ_MAX_BYTES
@@ -105,15 +124,14 @@ class RecordReader:
             ):
                 info = os.fstat(fd)
                 if not stat.S_ISREG(info.st_mode):
-                    raise fmt.NotARegularFileError(f"{path} is not a regular file")
+                    raise fmt.NotARegularFileError(f"{filename} is not a regular file")
                 try:
                     self._read_verified(fd, info.st_size, namespace, key_bytes, segments)
                 except fmt.FormatError as error:
                     error.inode = info.st_ino
                     raise
-            location = (namespace.dirname, filename)
-            if location not in self._touched:
-                self._persist_recency(fd, location)
+            if not self.read_only:
+                self._note_use(fd, (namespace.dirname, filename))
         finally:
             os.close(fd)
 
@@ -132,7 +150,7 @@ class RecordReader:
             return False
         try:
             fd = open_record(
-                self.layout.namespace_prefix(namespace.dirname) + filename, check_regular=False
+                filename, check_regular=False, dir_fd=self.layout.namespace_fd(namespace.dirname)
             )
         except (OSError, fmt.FormatError):
             return False
@@ -147,9 +165,8 @@ class RecordReader:
                 self._read_sealed_into(fd, header, header_bytes, segments, namespace, RWF_NOWAIT)
             elif not self._read_fast(fd, namespace, key_bytes, segments, raw_len, RWF_NOWAIT):
                 return False
-            location = (namespace.dirname, filename)
-            if location not in self._touched:
-                self._persist_recency(fd, location)
+            if not self.read_only:
+                self._note_use(fd, (namespace.dirname, filename))
             return True
         except (OSError, fmt.FormatError) as error:
             if getattr(error, "errno", None) in (errno.EOPNOTSUPP, errno.EINVAL):
@@ -160,23 +177,30 @@ class RecordReader:
 
     def raw_len(self, namespace: Namespace, key: str) -> int:
         """The raw size a record declares, after its header checks (V0-V12)."""
-        fd = open_record(self.layout.record_path(namespace.dirname, key))
+        fd = self.open_record(namespace.dirname, record_filename(key))
         try:
             header, _ = self.read_header(fd, os.fstat(fd).st_size, namespace, fmt.encode_key(key))
             return header.raw_len
         finally:
             os.close(fd)
 
-    def _persist_recency(self, fd: int, location: tuple[str, str]) -> None:
-        """Sets the record's mtime once per process, so eviction after a restart knows which
-        records were used (a read-only reader changes nothing)."""
-        if self.read_only:
+    def open_record(self, dirname: str, filename: str) -> int:
+        """open_record of a record of a namespace, through its held directory descriptor."""
+        return open_record(filename, dir_fd=self.layout.namespace_fd(dirname))
+
+    def _note_use(self, fd: int, location: tuple[str, str]) -> None:
+        """Sets the record's modification time, its time of last use, unless this process
+        set it less than RECENCY_INTERVAL_S ago: eviction after a restart and `purge
+        --older-than` then see what was used (a read-only reader changes nothing)."""
+        now_s = time.monotonic()
+        last_s = self._used_s.get(location)
+        if last_s is not None and now_s - last_s < RECENCY_INTERVAL_S:
             return
         with contextlib.suppress(OSError):  # e.g. a read-only mount
             os.utime(fd)
-        if len(self._touched) > TOUCHED_LOCATIONS_MAX:
-            self._touched.clear()
-        self._touched.add(location)
+        if len(self._used_s) > TOUCHED_LOCATIONS_MAX:
+            self._used_s.clear()
+        self._used_s[location] = now_s
 
     def _read_fast(self, fd, namespace, key_bytes, segments, raw_len: int, flags: int = 0):
         """One preadv for header, key echo and payload, straight into the caller's buffers.
@@ -234,16 +258,10 @@ class RecordReader:
     def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
         header, header_bytes = self.read_header(fd, file_len, namespace, key_bytes)
         expected_len = sum(len(segment) for segment in segments)
+        # Every length the record claims is bounded by the page before a payload byte is read
+        # or decoded: raw_len here, the stored length by V9 (at most raw_len, plus the tag),
+        # the file's by V8. A record of another size is never read (V16, left in place).
         if header.raw_len != expected_len:
-            # Damage first (V13-V15), so that only a sound record of another size is V16;
-            # checked piece by piece (never more than a chunk in memory, whatever the record
-            # claims), and once per file.
-            inode = os.fstat(fd).st_ino
-            if inode not in self._sound_wrong_size:
-                self._verify_payload_stream(fd, header, header_bytes, namespace.tenant)
-                if len(self._sound_wrong_size) > TOUCHED_LOCATIONS_MAX:
-                    self._sound_wrong_size.clear()
-                self._sound_wrong_size.add(inode)
             raise fmt.RawSizeError(
                 f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
@@ -293,7 +311,7 @@ class RecordReader:
         """Applies every rule to a record file found by a scan, reading it piece by piece.
         `namespace` is what the directory's namespace.json describes (None if unreadable);
         the key is the record's own echo, which must match the file name (V10)."""
-        fd = open_record(entry.path)
+        fd = self.open_record(entry.dirname, entry.name)
         try:
             file_len = os.fstat(fd).st_size
             prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
@@ -305,6 +323,11 @@ class RecordReader:
             if record_filename(header.key.decode("utf-8", "surrogateescape")) != entry.name:
                 raise fmt.KeyMismatchError("file name does not match the record's key")
             self.codec.check_identity(header, header.key, header.namespace)
+            page_bytes = expected_page_bytes(namespace)
+            if page_bytes is not None and header.raw_len != page_bytes:
+                raise fmt.RawSizeError(  # never streamed: it cannot be a page of this pool
+                    f"record holds {header.raw_len} bytes, the namespace's pages {page_bytes}"
+                )
             tenant = namespace.tenant if namespace is not None else None
             self._verify_payload_stream(fd, header, prefix[: header.header_len], tenant)
             if header.encrypted:

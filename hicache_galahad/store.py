@@ -43,7 +43,7 @@ from .lifetime import CounterFile
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
 from .namespaces import NamespaceRegistry
-from .reader import RecordReader, open_record, reader_may_be_wrong
+from .reader import RecordReader, reader_may_be_wrong
 from .writer import RecordWriter
 
 log = logging.getLogger("hicache_galahad.store")
@@ -85,6 +85,7 @@ class RecordStore:
         )
         self.index = self.accounting.index
         self.quarantine_box = self.accounting.quarantine
+        self.quarantine_box.layout = self.layout  # moves start from the held descriptors
         self.budget = Budget(
             self.accounting.ledger,
             self.index,
@@ -280,7 +281,7 @@ class RecordStore:
     def contains(self, namespace: Namespace, key: str) -> bool:
         """Whether a record file exists (cheap; the read still verifies everything)."""
         try:
-            fd = open_record(self.layout.record_path(namespace.dirname, key))
+            fd = self.reader.open_record(namespace.dirname, record_filename(key))
         except Exception:
             return False
         os.close(fd)
@@ -397,6 +398,7 @@ class RecordStore:
         with contextlib.suppress(OSError):
             self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()
+        self.layout.close()
 
     def __enter__(self):
         return self

@@ -5,9 +5,11 @@ reserved in the budget with one ledger update (record by record, in order, when 
 not fit as a whole), then every record goes to its own temp file, then (in "fsync" durability)
 the temp files are fsynced concurrently (the filesystem commits them together), then each is
 published with link(2), which never replaces a record, and the reservations end with one
-ledger update. A SIGKILL at any point leaves at most temp files, which are never read as
-records, and a reservation that the next rebuild takes back. A put that cannot complete
-returns False and leaves nothing partial behind.
+ledger update. Every file operation is relative to one descriptor of the namespace directory
+(opened without following links, duplicated for the whole put), never through a path. A
+SIGKILL at any point leaves at most temp files, which are never read as records, and a
+reservation that the next rebuild takes back. A put that cannot complete returns False and
+leaves nothing partial behind.
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from . import format as fmt
 from .budget import Budget
 from .codec import RecordCodec
 from .eviction import LruIndex
-from .layout import StoreLayout, fsync_dir, record_filename
+from .layout import StoreLayout, record_filename
 from .metrics import Counters, RateLimitedLog
 from .namespace import Namespace
 from .quarantine import Quarantine
@@ -43,8 +45,9 @@ class _Staged:
     """A record on its way: encoded, then reserved, written to its temp file, published."""
 
     key: str
-    path: str
-    temp_path: str
+    dir_fd: int  # the namespace directory, for the whole put
+    filename: str
+    temp_name: str
     location: tuple
     total_bytes: int
     chunks: list | None  # header and payload, until written
@@ -72,7 +75,7 @@ class _Staged:
                 os.close(self.fd)
             self.fd = None
         with contextlib.suppress(OSError):
-            os.unlink(self.temp_path)
+            os.unlink(self.temp_name, dir_fd=self.dir_fd)
 
 
 def _write_all(fd, buffers) -> None:
@@ -143,14 +146,23 @@ class RecordWriter:
         self.flusher = flusher  # deferred durability: published records are flushed later
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
-        results: list[bool] = []
-        sizes = [_record_bytes(data) for data in datas]
-        for start, end in _batches(sizes):
-            results += self._put_batch(
-                namespace, keys[start:end], datas[start:end], max(sizes[start:end])
-            )
-        if self.sync_each_batch and any(results) and not self._sync_dir(namespace):
-            results = [False] * len(keys)
+        try:
+            dir_fd = self.layout.namespace_fd_dup(namespace.dirname)
+        except OSError as error:  # no directory (or a link where it was): nothing is written
+            self._write_failed(f"{len(keys)} record(s) of {namespace.dirname}", error)
+            self.counters.add("puts_failed", len(keys))
+            return [False] * len(keys)
+        try:
+            results: list[bool] = []
+            sizes = [_record_bytes(data) for data in datas]
+            for start, end in _batches(sizes):
+                results += self._put_batch(
+                    namespace, dir_fd, keys[start:end], datas[start:end], max(sizes[start:end])
+                )
+            if self.sync_each_batch and any(results) and not self._sync_dir(dir_fd):
+                results = [False] * len(keys)
+        finally:
+            os.close(dir_fd)
         self.counters.add("puts_failed", results.count(False))
         self.index.touch_many_head_last(
             [
@@ -161,10 +173,12 @@ class RecordWriter:
         )
         return results
 
-    def _put_batch(self, namespace, keys: list, datas: list, largest_bytes: int) -> list[bool]:
+    def _put_batch(self, namespace, dir_fd, keys, datas, largest_bytes: int) -> list[bool]:
         run = self.parallel if largest_bytes >= PARALLEL_MIN_RECORD_BYTES else _serial
         prepared = run(
-            lambda index: self._guarded(self._prepare, namespace, keys[index], datas[index]),
+            lambda index: self._guarded(
+                self._prepare, namespace, dir_fd, keys[index], datas[index]
+            ),
             len(keys),
         )
         reserved = self._reserve([item for item in prepared if isinstance(item, _Staged)])
@@ -217,9 +231,9 @@ class RecordWriter:
         self.counters.add("no_space", len(encoded) - len(reserved))
         return reserved
 
-    def _sync_dir(self, namespace: Namespace) -> bool:
+    def _sync_dir(self, dir_fd: int) -> bool:
         try:
-            fsync_dir(self.layout.namespace_dir(namespace.dirname))
+            os.fsync(dir_fd)
             return True
         except OSError as error:
             self.counters.add("io_errors")
@@ -239,11 +253,11 @@ class RecordWriter:
             )
             return False
 
-    def _existing_is_sound(self, namespace: Namespace, key_bytes: bytes, path: str, raw_len):
+    def _existing_is_sound(self, namespace, dir_fd: int, key_bytes: bytes, filename, raw_len):
         """None if no record is there; True if the one there passes the header checks and
         holds a page of this size; False otherwise (it is then replaced)."""
         try:
-            fd = open_record(path)
+            fd = open_record(filename, dir_fd=dir_fd)
         except FileNotFoundError:
             return None
         except (OSError, fmt.FormatError):
@@ -256,25 +270,25 @@ class RecordWriter:
         finally:
             os.close(fd)
 
-    def _prepare(self, namespace: Namespace, key: str, data):
+    def _prepare(self, namespace: Namespace, dir_fd: int, key: str, data):
         """Phase 1: True if a sound record already exists, else the encoded record as a
         _Staged (nothing reserved or written yet)."""
         key_bytes = fmt.encode_key(key)
         filename = record_filename(key)
-        path = os.path.join(self.layout.namespace_dir(namespace.dirname), filename)
         raw_len = sum(len(segment) for segment in fmt.as_segments(data))
-        sound = self._existing_is_sound(namespace, key_bytes, path, raw_len)
+        sound = self._existing_is_sound(namespace, dir_fd, key_bytes, filename, raw_len)
         if sound:
             self.counters.add("puts_existing")
             self.index.touch((namespace.dirname, filename))
             return True
         if sound is False:  # a damaged or wrong record: a correct put replaces it
-            self.quarantine.move_and_trim(path, namespace.dirname)
+            self.quarantine.move_and_trim(filename, namespace.dirname, dir_fd=dir_fd)
         header, payload_chunks = self.codec.encode(namespace, key_bytes, data)
         return _Staged(
             key=key,
-            path=path,
-            temp_path=self.layout.new_temp_path(namespace.dirname, filename, self.writer_token),
+            dir_fd=dir_fd,
+            filename=filename,
+            temp_name=self.layout.new_temp_name(filename, self.writer_token),
             location=(namespace.dirname, filename),
             total_bytes=len(header) + sum(len(chunk) for chunk in payload_chunks),
             chunks=[header, *payload_chunks],
@@ -284,7 +298,10 @@ class RecordWriter:
         """Phase 2 (its bytes reserved): the record into its temp file, not yet fsynced."""
         try:
             staged.fd = os.open(
-                staged.temp_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600
+                staged.temp_name,
+                os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC,
+                0o600,
+                dir_fd=staged.dir_fd,
             )
             _write_all(staged.fd, staged.chunks)
         except OSError as error:
@@ -302,7 +319,13 @@ class RecordWriter:
             os.close(staged.fd)
             staged.fd = None
             try:
-                os.link(staged.temp_path, staged.path)
+                os.link(
+                    staged.temp_name,
+                    staged.filename,
+                    src_dir_fd=staged.dir_fd,
+                    dst_dir_fd=staged.dir_fd,
+                    follow_symlinks=False,
+                )
                 staged.published = True
             except FileExistsError:  # another writer published the same record first
                 self.counters.add("puts_existing")
