@@ -109,13 +109,14 @@ class StoreLayout:
     """Paths under a store root and the scans of its directories.
 
     Reads, writes, deletions and quarantine moves never reach a namespace's records by a path
-    string: `<root>/ns` and each namespace directory are opened once with O_NOFOLLOW and held
-    (`namespace_fd`), and records are opened, created, linked, renamed and unlinked relative
-    to those descriptors, so a directory replaced by a symbolic link is never followed. A held
-    descriptor is checked against the name at most every DIR_RECHECK_S: when the name no
-    longer names that directory (removed, renamed, replaced), the descriptor is let go and
-    the name opened again, so a real directory put there is served and a link is refused
-    (its reads miss and its writes fail until a real directory is there again).
+    string: the root is resolved once (at first use), `ns` in it and each namespace directory
+    in `ns` are opened with O_NOFOLLOW and held (`namespace_fd`), and records are opened,
+    created, linked, renamed and unlinked relative to those descriptors, so a directory
+    replaced by a symbolic link is never followed. A held descriptor is checked against the
+    name at most every DIR_RECHECK_S: when the name no longer names that directory (removed,
+    renamed, replaced), the descriptor is let go and the name opened again, so a real
+    directory put there is served and a link is refused (its reads miss and its writes fail
+    until a real directory is there again).
     """
 
     DIR_OPEN_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -133,6 +134,7 @@ class StoreLayout:
         self._dirs: dict[str, str] = {}
         self._prefixes: dict[str, str] = {}
         self._descriptions: dict[str, tuple[float, Namespace | None]] = {}
+        self._root_fd: int | None = None  # the root as resolved once, at first use
         self._ns_fd: tuple[int, float] | None = None  # (descriptor, when to check it again)
         self._dir_fds: dict[str, tuple[int, float]] = {}
         self._retired_fds: list[tuple[int, float]] = []
@@ -236,15 +238,17 @@ class StoreLayout:
         if held is not None and now_s < held[1]:
             return held[0]
         self._close_retired(now_s)
+        if self._root_fd is None:
+            self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if held is not None:
-            if _names_same_directory(held[0], self.ns_root, None):
+            if _names_same_directory(held[0], "ns", self._root_fd):
                 self._ns_fd = (held[0], now_s + self.DIR_RECHECK_S)
                 return held[0]
             self._ns_fd = None
             self._retire(held[0], now_s)
             for name in list(self._dir_fds):  # they hang under the old `ns`
                 self._retire(self._dir_fds.pop(name)[0], now_s)
-        fd = self._open_dir(self.ns_root, None)
+        fd = self._open_dir("ns", self._root_fd, self.ns_root)
         self._ns_fd = (fd, now_s + self.DIR_RECHECK_S)
         return fd
 
@@ -262,19 +266,18 @@ class StoreLayout:
             self._retire(held[0], now_s)
         if not _is_plain_name(dirname):
             raise FileNotFoundError(errno.ENOENT, "not a namespace directory name", dirname)
-        fd = self._open_dir(dirname, ns_fd)
+        fd = self._open_dir(dirname, ns_fd, self.namespace_dir(dirname))
         if len(self._dir_fds) >= self.NAMESPACE_FDS_MAX:
             oldest = min(self._dir_fds, key=lambda name: self._dir_fds[name][1])
             self._retire(self._dir_fds.pop(oldest)[0], now_s)
         self._dir_fds[dirname] = (fd, now_s + self.DIR_RECHECK_S)
         return fd
 
-    def _open_dir(self, name: str, dir_fd: int | None) -> int:
+    def _open_dir(self, name: str, dir_fd: int, path: str) -> int:
         try:
             return os.open(name, self.DIR_OPEN_FLAGS, dir_fd=dir_fd)
         except OSError as error:
             if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                path = name if dir_fd is None else self.namespace_dir(name)
                 raise NotADirectoryError(
                     error.errno, "a symbolic link or not a directory (never followed)", path
                 ) from None
@@ -294,7 +297,9 @@ class StoreLayout:
             fds = [fd for fd, _ in self._retired_fds] + [fd for fd, _ in self._dir_fds.values()]
             if self._ns_fd is not None:
                 fds.append(self._ns_fd[0])
-            self._retired_fds, self._dir_fds, self._ns_fd = [], {}, None
+            if self._root_fd is not None:
+                fds.append(self._root_fd)
+            self._retired_fds, self._dir_fds, self._ns_fd, self._root_fd = [], {}, None, None
             for fd in fds:
                 with contextlib.suppress(OSError):
                     os.close(fd)
@@ -306,7 +311,10 @@ class StoreLayout:
         if dirname in self._dir_fds or create:
             yield self.namespace_fd(dirname, recheck=create)
             return
-        fd = self._open_dir(dirname, self.ns_fd()) if _is_plain_name(dirname) else None
+        if _is_plain_name(dirname):
+            fd = self._open_dir(dirname, self.ns_fd(), self.namespace_dir(dirname))
+        else:
+            fd = None
         if fd is None:
             raise FileNotFoundError(errno.ENOENT, "not a namespace directory name", dirname)
         try:
@@ -317,18 +325,28 @@ class StoreLayout:
     # ------------------------------------------------------------- scans
 
     def namespace_dirnames(self, on_error=None) -> list[str]:
-        """Names of the namespace directories (never through a symlink)."""
+        """Names of the namespace directories (listed through the held `ns`, never through a
+        symlink; a link where a namespace directory should be is not one)."""
         try:
-            entries = list(os.scandir(self.ns_root))
+            list_fd = os.open(".", self.DIR_OPEN_FLAGS, dir_fd=self.ns_fd())
+            try:
+                names = [e.name for e in os.scandir(list_fd) if e.is_dir(follow_symlinks=False)]
+            finally:
+                os.close(list_fd)
         except OSError as error:
             if on_error is not None:
                 on_error(self.ns_root, error)
             return []
-        return sorted(entry.name for entry in entries if entry.is_dir(follow_symlinks=False))
+        return sorted(names)
 
     def _entries(self, directory: str, dirname: str, wanted, on_error) -> Iterator[FileEntry]:
         try:  # listed through a descriptor of its own, opened without following a link
-            dir_fd = os.open(directory, self.DIR_OPEN_FLAGS)
+            if dirname:  # a namespace's: in the held `ns`
+                if not _is_plain_name(dirname):
+                    return
+                dir_fd = self._open_dir(dirname, self.ns_fd(), directory)
+            else:
+                dir_fd = os.open(directory, self.DIR_OPEN_FLAGS)
         except FileNotFoundError:
             return
         except OSError as error:  # e.g. a namespace directory this user cannot read, a link
@@ -412,8 +430,9 @@ class StoreLayout:
         dirname = namespace.dirname
         try:
             ns_fd = self.ns_fd()
-        except FileNotFoundError:
-            os.makedirs(self.ns_root, exist_ok=True)
+        except FileNotFoundError:  # `ns` was removed: made again in the root opened at first
+            with contextlib.suppress(FileExistsError):
+                os.mkdir("ns", dir_fd=self._root_fd)
             ns_fd = self.ns_fd()
         with contextlib.suppress(FileExistsError):
             os.mkdir(dirname, dir_fd=ns_fd)

@@ -19,6 +19,7 @@ import xxhash
 import zstandard
 
 from hicache_galahad import format as fmt
+from hicache_galahad import ops
 from hicache_galahad.layout import StoreLayout, record_filename
 from hicache_galahad.namespace import Namespace
 from hicache_galahad.store import RecordStore
@@ -57,32 +58,39 @@ def snapshot(root: Path) -> dict:
 
 @pytest.mark.parametrize("original", ["removed", "renamed"])
 @pytest.mark.parametrize("recheck_s", [0.0, 3600.0])
-@pytest.mark.parametrize("target", ["same-namespace", "other-namespace"])
+@pytest.mark.parametrize(
+    ("level", "target"),
+    [("namespace", "same-namespace"), ("namespace", "other-namespace"), ("ns", "its-ns")],
+)
 def test_a_namespace_directory_replaced_by_a_link_never_reaches_the_other_root(
-    tmp_path, monkeypatch, original, recheck_s, target
+    tmp_path, monkeypatch, original, recheck_s, level, target
 ):
-    """A running store's namespace directory is replaced by a symlink into another root (the
-    same namespace there, or another one whose records a read would find damaged): reads,
-    puts, quarantine, deletion and `check --fix` of this store move, delete or write nothing
-    of the other root, and never serve its bytes. With the recheck due at once the store
-    notices the link (every read misses, every put fails); without one it keeps using the
-    directory it opened (its own records, renamed: still served; removed: misses)."""
+    """A running store's namespace directory (or its whole `ns`) is replaced by a symlink
+    into another root (the same namespace there, or another one whose records a read would
+    find damaged): reads, puts, quarantine, deletion, purge, eviction and `check --fix` of this
+    store move, delete or write nothing of the other root, and never serve its bytes. With
+    the recheck due at once the store notices the link (every read misses, every put fails);
+    without one it keeps using the directory it opened (its own records, renamed: still
+    served; removed: misses)."""
     monkeypatch.setattr(StoreLayout, "DIR_RECHECK_S", recheck_s, raising=False)
     mine, other = tmp_path / "mine", tmp_path / "other"
     fill(mine, ALICE, "mine")
-    other_namespace = ALICE if target == "same-namespace" else BOB
+    other_namespace = BOB if target == "other-namespace" else ALICE
     fill(other, other_namespace, "other")
-    fill(other, ALICE if target == "other-namespace" else BOB, "other-too")
+    fill(other, ALICE if other_namespace == BOB else BOB, "other-too")
     before = snapshot(other)
-    linked = mine / "ns" / ALICE.dirname
+    linked = mine / "ns" / ALICE.dirname if level == "namespace" else mine / "ns"
+    link_target = other / "ns" / other_namespace.dirname if level == "namespace" else other / "ns"
     with RecordStore(str(mine), durability="none", io_threads=2) as store:
         store.register_namespace(ALICE)
         assert store.get(ALICE, KEYS[0], PAGE) == page("mine", 0)  # the directory is held
         if original == "removed":
             shutil.rmtree(linked)
         else:
-            linked.rename(mine / "ns" / "parked")
-        linked.symlink_to(other / "ns" / other_namespace.dirname)
+            linked.rename(linked.parent / "parked")
+        linked.symlink_to(link_target)
+        (other / "ns" / ALICE.dirname / ".tmp-00000000deadbeef-0-x.part").write_bytes(b"t")
+        before = snapshot(other)  # (with a temp file of a writer that is gone)
         time.sleep(0.01)
         outs = [bytearray(PAGE) for _ in KEYS]
         results = store.get_many_into(ALICE, KEYS, outs)
@@ -99,6 +107,7 @@ def test_a_namespace_directory_replaced_by_a_link_never_reaches_the_other_root(
         store.clear_namespace(ALICE)
         store.check(fix=True, dirnames=[ALICE.dirname])
         store.check(fix=True)
+        ops.purge(store, older_than_s=0)
         store.evict_to(0)
     assert snapshot(other) == before
     assert not any(
@@ -201,7 +210,7 @@ def test_records_read_all_the_time_are_not_purged_as_unused(tmp_path):
 def test_the_time_of_last_use_is_set_at_most_once_an_interval(tmp_path, monkeypatch):
     """One futimens per record per RECENCY_INTERVAL_S: reads within the interval leave the
     time alone, the first read after it sets it again (and purge --older-than then keeps it)."""
-    from hicache_galahad import ops, reader
+    from hicache_galahad import reader
 
     monkeypatch.setattr(reader, "RECENCY_INTERVAL_S", 0.5, raising=False)
     root = tmp_path / "store"
