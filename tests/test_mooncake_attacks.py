@@ -20,11 +20,12 @@ from records import chain_keys, pool_records
 from sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
 from hicache_galahad import format as fmt
-from hicache_galahad.config import parse_options
+from hicache_galahad.config import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
 from hicache_galahad.mooncake_integrity import ValueTag
 from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
-from hicache_galahad.tiered import shared_key
+from hicache_galahad.store import RecordStore
+from hicache_galahad.tiered import TieredStore, shared_key
 
 cluster = mooncake_cluster_fixture(scope="module", segment_bytes=64 << 20)
 REFERENCE = mha_pool(seed=1)  # what honest servers hold: page i at token slot 4 * i
@@ -139,6 +140,12 @@ MOONCAKE = {"master_server_address": "127.0.0.1:9", "local_hostname": "127.0.0.1
 def test_a_shared_tier_without_any_key_is_refused_at_start(tmp_path):
     with pytest.raises(ConfigError, match="'integrity_key_file' is required"):
         parse_options({"root": str(tmp_path), "mooncake": MOONCAKE})
+    local = RecordStore(StoreOptions(root=str(tmp_path / "root")))  # nor built by hand
+    try:
+        with pytest.raises(ConfigError, match="'integrity_key_file' is required"):
+            TieredStore(local, MooncakeTier(MooncakeOptions.from_config(MOONCAKE)))
+    finally:
+        local.close()
     key_file = tmp_path / "encryption.key"
     parse_options({"root": str(tmp_path), "mooncake": MOONCAKE, "encryption_key_file": "k"})
     integrity = dict(MOONCAKE, integrity_key_file=str(key_file))
