@@ -15,9 +15,11 @@ import os
 import threading
 import time
 
+from .errors import ConfigError
 from .eviction import LruIndex
 from .layout import StoreLayout, is_record_name, temp_is_stale
 from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
+from .lifetime import retire
 from .metrics import Counters, RateLimitedLog
 from .quarantine import Quarantine
 
@@ -39,8 +41,18 @@ class Accounting:
         self.counters = counters
         self._warn = warn
         self.index = LruIndex()
-        self.process = None if read_only else ProcessLock(layout.root)
-        self.ledger = Ledger(layout.ledger_path, self.process, read_only=read_only)
+        self.process = None
+        try:
+            self.process = None if read_only else ProcessLock(layout.root)
+            self.ledger = Ledger(layout.ledger_path, self.process, read_only=read_only)
+        except OSError as error:  # e.g. a directory where the ledger is
+            if self.process is not None:
+                self.process.close()
+            raise ConfigError(
+                f"hicache_galahad option 'root': {layout.root!r} cannot hold a store: its "
+                f"ledger or process lock cannot be opened ({error}); expected a store root "
+                "whose `ledger` is a regular file"
+            ) from error
         self.quarantine = Quarantine(layout.quarantine_dir, self.ledger, self.index, counters)
         self.ledger.recount = self.disk_bytes
         self._last_rebuild_s = -1e9
@@ -183,4 +195,6 @@ class Accounting:
     def close(self) -> None:
         self.ledger.close()
         if self.process is not None:
+            with contextlib.suppress(OSError):  # this process's counters: no live server's now
+                retire(self.layout.root, self.process.token)
             self.process.close()

@@ -10,10 +10,11 @@ healthy, clean it, and run the demo.
     galahad demo
     galahad blaise add|ask ...
 
-Exit status: 0 success; 1 damage found (verify); 2 an expected condition (no such store, a bad
-or too open key file, a read-only filesystem for a command that writes, a bad argument),
-reported in one line; 3 records that could not be verified (verify: encrypted, and no key or
-another key).
+Exit status: 0 success; 1 damage found (verify, inspect); 2 an expected condition (no such
+store, a bad or too open key file, a read-only filesystem for a command that writes, a bad
+argument, a store root that cannot hold a store), reported in one line; 3 records that could
+not be verified (verify: encrypted, and no key or another key); 4 an unexpected failure (a bug:
+one line naming it, never a traceback); 130 interrupted.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ from .fingerprint import fingerprint_model_dir
 from .store import RecordStore
 from .units import parse_bytes
 
-EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED = 0, 1, 2, 3
+EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED, EXIT_UNEXPECTED = 0, 1, 2, 3, 4
+EXIT_INTERRUPTED = 130
 
 
 class ExpectedCondition(Exception):
@@ -126,6 +128,8 @@ def cmd_stats(args) -> int:
         lines.append(f"namespace {dirname}: no readable namespace.json (owner unknown)")
     for path in report["unreadable_dirs"]:
         lines.append(f"skipped unreadable directory {path}")
+    for item in report["not_records"]:
+        lines.append(f"not a record ({item['kind']}): {item['path']}")
     _emit(args, report, "\n".join(lines))
     return EXIT_OK
 
@@ -221,7 +225,8 @@ def cmd_gc(args) -> int:
     with _open(args, writable=True) as store:
         cap = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         if cap is None:
-            caps = [s.get("max_bytes") for s in ops.live_settings(store.root)]
+            servers = ops.live_settings(store.root, store.accounting.is_alive)
+            caps = [s.get("max_bytes") for s in servers]
             caps = [c for c in caps if isinstance(c, int)]
             cap = min(caps) if caps else None
         if cap is None:
@@ -343,7 +348,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"galahad: {message}{where}", file=sys.stderr)
         return EXIT_EXPECTED
     except KeyboardInterrupt:
-        return 130
+        return EXIT_INTERRUPTED
+    except Exception as error:  # a bug: one line, its own status, never a traceback
+        print(
+            f"galahad: unexpected error ({type(error).__name__}: {error}); please report it",
+            file=sys.stderr,
+        )
+        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":

@@ -9,17 +9,42 @@ read is verified) and are misses. The flusher bounds that window.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import logging
 import os
 import threading
+import time
+import weakref
 from concurrent.futures import ThreadPoolExecutor
 
-from .layout import fsync_dir
+from .layout import NotRegularFileError, fsync_dir, open_regular
 from .metrics import Counters, RateLimitedLog
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together
+CLOSE_TIMEOUT_S = 10.0  # the most close() waits for a flush still running
+
+# Flushers not closed yet: a process that exits without closing its store still flushes the
+# records of its last window (at exit the thread pool refuses work, so that flush is serial).
+_open_flushers: weakref.WeakSet[Flusher] = weakref.WeakSet()
+_exit_hook_lock = threading.Lock()
+_exit_hook_registered = False
+
+
+def _flush_at_exit() -> None:
+    for flusher in list(_open_flushers):
+        with contextlib.suppress(Exception):
+            flusher.close()
+
+
+def _register(flusher: Flusher) -> None:
+    global _exit_hook_registered
+    with _exit_hook_lock:
+        _open_flushers.add(flusher)
+        if not _exit_hook_registered:
+            atexit.register(_flush_at_exit)
+            _exit_hook_registered = True
 
 
 class Flusher:
@@ -32,9 +57,11 @@ class Flusher:
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
         self._stop = threading.Event()
+        self._closed = False
         self._pool = ThreadPoolExecutor(FLUSH_THREADS, thread_name_prefix="galahad-flush")
         self._thread = threading.Thread(target=self._run, name="galahad-flusher", daemon=True)
         self._thread.start()
+        _register(self)
 
     def add(self, directory: str, filenames) -> None:
         with self._lock:
@@ -48,35 +75,54 @@ class Flusher:
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
-            self.flush()
-
-    def flush(self) -> int:
-        """fsyncs every record published so far, then their directories; returns how many."""
-        with self._flush_lock:
-            with self._lock:
-                pending, self._pending = self._pending, {}
-                paths = [os.path.join(d, name) for d, names in pending.items() for name in names]
-                self._in_flight = len(paths)
             try:
-                flushed = sum(self._pool.map(self._fsync_file, paths))
-                for directory in pending:
-                    try:
-                        fsync_dir(directory)
-                    except OSError as error:
-                        self._failed(directory, error)
-                if paths:
-                    self._counters.add("flushes")
-                    self._counters.add("flushed_records", flushed)
-                return flushed
-            finally:
-                with self._lock:
-                    self._in_flight = 0
+                self.flush()
+            except Exception as error:  # never let the thread die: the next window retries
+                self._warn.warning("flush-bug", "galahad: background flush failed: %r", error)
+
+    def flush(self, timeout_s: float | None = None) -> int:
+        """fsyncs every record published so far, then their directories; returns how many.
+        With `timeout_s`, gives up (returning 0) if another flush holds on that long."""
+        if not self._flush_lock.acquire(timeout=-1 if timeout_s is None else max(0, timeout_s)):
+            return 0
+        try:
+            return self._flush_locked()
+        finally:
+            self._flush_lock.release()
+
+    def _flush_locked(self) -> int:
+        with self._lock:
+            pending, self._pending = self._pending, {}
+            paths = [os.path.join(d, name) for d, names in pending.items() for name in names]
+            self._in_flight = len(paths)
+        try:
+            flushed = self._fsync_all(paths)
+            for directory in pending:
+                try:
+                    fsync_dir(directory)
+                except OSError as error:
+                    self._failed(directory, error)
+            if paths:
+                self._counters.add("flushes")
+                self._counters.add("flushed_records", flushed)
+            return flushed
+        finally:
+            with self._lock:
+                self._in_flight = 0
+
+    def _fsync_all(self, paths: list[str]) -> int:
+        if len(paths) > 1:
+            try:
+                return sum(self._pool.map(self._fsync_file, paths))
+            except RuntimeError:  # the pool is shut down (interpreter exit): one at a time
+                pass
+        return sum(self._fsync_file(path) for path in paths)
 
     def _fsync_file(self, path: str) -> int:
         try:
-            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            return 0  # evicted or purged before it was flushed
+            fd = open_regular(path)  # a FIFO or a link put at a record's name: never a hang
+        except (FileNotFoundError, NotRegularFileError):
+            return 0  # evicted, purged or replaced before it was flushed: not ours any more
         except OSError as error:
             self._failed(path, error)
             return 0
@@ -94,9 +140,26 @@ class Flusher:
         self._counters.add("flush_errors")
         self._warn.warning("flush", "galahad: background fsync of %s failed: %s", path, error)
 
-    def close(self) -> None:
-        """Flushes what is pending and stops."""
+    def close(self, timeout_s: float = CLOSE_TIMEOUT_S) -> None:
+        """Flushes what is pending and stops, within `timeout_s` even if a flush in progress
+        is stuck in the kernel (then with a warning; the records stay published)."""
+        if self._closed:
+            return
+        self._closed = True
+        _open_flushers.discard(self)
+        deadline_s = time.monotonic() + timeout_s
         self._stop.set()
-        self._thread.join()
-        self.flush()
-        self._pool.shutdown(wait=True)
+        self._thread.join(timeout_s)
+        stuck = not self._flush_lock.acquire(timeout=max(0.0, deadline_s - time.monotonic()))
+        if stuck:
+            self._warn.warning(
+                "flush-close",
+                "galahad: a background fsync did not finish within %.0f s; closing without it",
+                timeout_s,
+            )
+        else:
+            try:
+                self._flush_locked()
+            finally:
+                self._flush_lock.release()
+        self._pool.shutdown(wait=not stuck)

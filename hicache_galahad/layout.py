@@ -38,6 +38,15 @@ _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
 # Records are opened without following a symlink and without blocking on a FIFO.
 RECORD_OPEN_FLAGS = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+# Every other file of the store (ledger, locks, counters) is opened the same way.
+OPEN_FLAGS = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+METADATA_MAX_BYTES = 1 << 20  # the most any metadata file is read (counters, settings)
+TOKEN_CHARS = 16
+_TOKEN = re.compile(r"^[0-9a-f]{16}$")
+_PID_MAX = 2**31 - 1  # the largest pid_t
+# What os.open answers for a symbolic link (O_NOFOLLOW), a directory opened to write, or a
+# FIFO or socket opened to write with nobody reading.
+_NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.EISDIR, errno.ENXIO, errno.ENODEV})
 
 
 def record_filename(key: str) -> str:
@@ -60,18 +69,118 @@ def temp_writer(name: str) -> str:
     return name[len(TEMP_PREFIX) :].split("-", 1)[0]
 
 
+def is_token(name: str) -> bool:
+    """Whether `name` is a store token (16 lowercase hex digits: ledger.py)."""
+    return len(name) == TOKEN_CHARS and _TOKEN.match(name) is not None
+
+
 def pid_alive(pid: int) -> bool:
+    """Whether a process with this pid exists in this pid namespace. A pid the platform
+    cannot hold (or 0 and negatives, which name process groups) is no process."""
+    if not isinstance(pid, int) or not 0 < pid <= _PID_MAX:
+        return False
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
+    except (OverflowError, OSError):
+        return False
     return True
 
 
+def _start_ticks(pid: int) -> int | None:
+    """When process `pid` started, in clock ticks since boot (/proc/<pid>/stat, field 22)."""
+    try:
+        text = read_small_file(f"/proc/{pid}/stat", 4096)
+        return int(text.rsplit(b")", 1)[1].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def process_identity() -> dict | None:
+    """What names this process beyond its pid: its pid namespace and its start time. None
+    where /proc cannot tell."""
+    try:
+        namespace = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        return None
+    pid = os.getpid()
+    ticks = _start_ticks(pid)
+    if ticks is None:
+        return None
+    return {"pid": pid, "pid_namespace": namespace, "start_ticks": ticks}
+
+
+def identity_alive(identity) -> bool:
+    """Whether the process `identity` (process_identity's answer, as another process
+    recorded it) still runs: same pid namespace as ours, and that pid started at that time.
+    A process of another pid namespace (a container) is never taken for one of ours."""
+    if not isinstance(identity, dict):
+        return False
+    mine = process_identity()
+    pid, ticks = identity.get("pid"), identity.get("start_ticks")
+    if mine is None or identity.get("pid_namespace") != mine["pid_namespace"]:
+        return False
+    if not isinstance(pid, int) or not isinstance(ticks, int) or not pid_alive(pid):
+        return False
+    return _start_ticks(pid) == ticks
+
+
+class NotRegularFileError(OSError):
+    """Something other than a regular file (a FIFO, a device, a directory, a socket, a
+    symbolic link) where the store expects one of its files."""
+
+
+def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, dir_fd=None) -> int:
+    """A descriptor of the regular file at `path`, opened as record files are: never through
+    a symbolic link, never blocking on a FIFO, closed on exec. Raises NotRegularFileError for
+    anything else there (after closing it), other OSErrors as os.open does."""
+    try:
+        fd = os.open(path, flags | OPEN_FLAGS, mode, dir_fd=dir_fd)
+    except OSError as error:
+        if error.errno in _NOT_REGULAR_ERRNOS:
+            raise NotRegularFileError(error.errno, "not a regular file", path) from None
+        raise
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFileError(errno.EINVAL, "not a regular file", path)
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def read_small_file(path: str, max_bytes: int = METADATA_MAX_BYTES, *, dir_fd=None) -> bytes:
+    """The whole content of a small regular file (opened by open_regular), at most
+    `max_bytes`: a larger file (a sparse giant, a file still growing) is OSError EFBIG
+    before or instead of reading it whole."""
+    fd = open_regular(path, dir_fd=dir_fd)
+    try:
+        if os.fstat(fd).st_size > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", path)
+        chunks, total = [], 0
+        while total <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - total)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            total += len(chunk)
+        if total > max_bytes:
+            raise OSError(errno.EFBIG, f"larger than {max_bytes} bytes", path)
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_dir(path: str, *, dir_fd=None) -> int:
+    """A descriptor of the directory at `path`, never through a symbolic link."""
+    return os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC, dir_fd=dir_fd)
+
+
 def fsync_dir(path: str) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+    fd = open_dir(path)
     try:
         os.fsync(fd)
     finally:
@@ -80,7 +189,11 @@ def fsync_dir(path: str) -> None:
 
 def accounted_bytes(info: os.stat_result) -> int:
     """The bytes a file costs the budget: its size, or what it really occupies if that is
-    less (a sparse file claiming a terabyte must not make the store evict everything)."""
+    less (a sparse file claiming a terabyte must not make the store evict everything).
+    Anything but a regular file (a FIFO, a directory, a symbolic link, a device) costs 0:
+    it is no record, and no reader takes it for one."""
+    if not stat.S_ISREG(info.st_mode):
+        return 0
     return min(info.st_size, info.st_blocks * 512)
 
 
@@ -141,22 +254,30 @@ class StoreLayout:
         self._fd_lock = threading.Lock()
 
     def prepare(self, *, read_only: bool, min_free_bytes: int) -> None:
-        """Checks (and, unless read-only, creates) the root: a real directory whose `ns` and
-        `quarantine` are real directories too, never a file or a symbolic link, on a
-        filesystem larger than the free-space floor. ConfigError naming the option otherwise."""
+        """Checks (and, unless read-only, creates) the root: a real directory whose `ns`,
+        `quarantine`, `procs` and `stats` are real directories too, never a file or a symbolic
+        link (a linked `stats` or `procs` would let the store delete and write files outside
+        the root), on a filesystem larger than the free-space floor. ConfigError naming the
+        option otherwise."""
         if read_only:
             if not os.path.isdir(self.ns_root):
                 raise ConfigError(f"root {self.root!r}: not a hicache-galahad store")
             return
-        try:
-            for directory in (self.root, self.ns_root, self.quarantine_dir):
-                os.makedirs(directory, exist_ok=True)
-        except (OSError, ValueError) as error:
-            raise ConfigError(
-                f"hicache_galahad option 'root': {self.root!r} cannot hold a store ({error}); "
-                "expected a directory (or a path where one can be created)"
-            ) from error
-        for path in (self.root, self.ns_root, self.quarantine_dir):
+        directories = [self.root, self.ns_root, self.quarantine_dir]
+        directories += [os.path.join(self.root, name) for name in ("procs", "stats")]
+        for path in directories:
+            if os.path.islink(path):
+                raise ConfigError(
+                    f"hicache_galahad option 'root': {path!r} is a symbolic link; expected a "
+                    "real directory"
+                )
+            try:
+                os.makedirs(path, exist_ok=True)
+            except (OSError, ValueError) as error:
+                raise ConfigError(
+                    f"hicache_galahad option 'root': {self.root!r} cannot hold a store "
+                    f"({error}); expected a directory (or a path where one can be created)"
+                ) from error
             if os.path.islink(path) or not os.path.isdir(path):
                 raise ConfigError(
                     f"hicache_galahad option 'root': {path!r} is a symbolic link or not a "
@@ -506,12 +627,16 @@ def _names_same_directory(fd: int, name: str, dir_fd: int | None) -> bool:
 
 def temp_is_stale(entry: FileEntry, is_alive, now_s: float | None = None) -> bool:
     """A temp file is stale when its writer is gone (or it is a day old). `is_alive(token)`
-    tells whether the process holding a store token is alive."""
+    tells whether the process holding a store token is alive (its lock, never its pid alone);
+    a temp file of an older version, named by pid, by that pid (which may be another pid
+    namespace's: such files also go after a day)."""
     writer = temp_writer(entry.name)
-    if writer.isdigit():  # a temp file of an older version, named by pid
+    if is_token(writer):
+        alive = is_alive(writer)
+    elif writer.isdigit() and len(writer) <= 10:
         alive = int(writer) == os.getpid() or pid_alive(int(writer))
     else:
-        alive = is_alive(writer)
+        alive = False  # no writer of any version names its files so
     if not alive:
         return True
     return (now_s or time.time()) - entry.mtime_ns / 1e9 > STALE_TEMP_AGE_S

@@ -14,7 +14,9 @@ a ledger that was deleted, replaced or truncated is recreated and flagged `needs
 the store recounts committed bytes from disk (`rebuild`); entries of processes that died
 (their lock file is free, whatever pid namespace they ran in) are dropped by the next rebuild,
 so their reservations are reclaimed while other processes keep running. A failure can only
-leave the ledger over-counting, the safe direction.
+leave the ledger over-counting, the safe direction. An entry whose token is not a token (a
+flipped bit) makes the ledger damaged: recounted, and live processes write their entries back.
+Every file here is opened with layout.open_regular: a FIFO or a link is never a hang or a read.
 """
 
 from __future__ import annotations
@@ -26,40 +28,41 @@ import struct
 import threading
 from collections.abc import Callable
 
+from .layout import NotRegularFileError, identity_alive, is_token, open_dir, open_regular
+from .lifetime import STATS_DIR, recorded_identity
+
 MAGIC = b"GLEDGER2"
 _HEAD = struct.Struct("<8sQII")
 _ENTRY = struct.Struct("<16sQ")
 TOKEN_BYTES = 16
 MAX_ENTRIES = 4096
 PROCS_DIR = "procs"
+LOCK_SUFFIX = ".lock"
+NEW_LOCK_SUFFIX = ".lock.new"  # a lock being made: locked first, then renamed into place
 
 
 def _new_token() -> str:
-    """8 hex digits of the pid, then 8 random ones."""
+    """8 hex digits of the pid (for people reading the directory), then 8 random ones. The
+    pid says nothing about liveness: that is the lock (token_alive)."""
     return f"{os.getpid() & 0xFFFFFFFF:08x}{os.urandom(4).hex()}"
-
-
-def _pid_alive(token: str) -> bool:
-    try:
-        pid = int(token[:8], 16)
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except (ValueError, OSError):
-        return True
-    return True
 
 
 def token_alive(procs_dir: str, token: str) -> bool:
     """Whether the process holding store token `token` is alive: its lock file under
-    `procs_dir` is locked (a test that changes nothing on disk; works across pid namespaces).
-    Without a lock file, the pid in the token decides."""
+    `procs_dir` is locked (a test that changes nothing on disk and works across pid
+    namespaces). A lock file someone deleted while its process runs: the identity that
+    process recorded in its counter file (pid namespace, pid, start time) decides, so a pid
+    reused, or alive in another pid namespace, is never taken for it. Anything that is not a
+    token, or a lock that is not a regular file, is no live process."""
+    if not is_token(token):
+        return False
     try:
-        fd = os.open(
-            os.path.join(procs_dir, f"{token}.lock"), os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC
-        )
+        fd = open_regular(os.path.join(procs_dir, token + LOCK_SUFFIX))
     except FileNotFoundError:
-        return _pid_alive(token)
+        stats_dir = os.path.join(os.path.dirname(procs_dir), STATS_DIR)
+        return identity_alive(recorded_identity(stats_dir, token))
+    except NotRegularFileError:
+        return False
     except OSError:
         return True  # cannot tell: assume alive (over-counting is the safe side)
     try:
@@ -72,7 +75,10 @@ def token_alive(procs_dir: str, token: str) -> bool:
 
 
 class ProcessLock:
-    """This process's liveness lock under <root>/procs, and the liveness test of others."""
+    """This process's liveness lock under <root>/procs, and the liveness test of others.
+
+    The lock file is created under a temporary name, locked, and only then renamed into
+    place: no other process ever sees it unlocked (and takes this process for dead)."""
 
     def __init__(self, root: str):
         self.directory = os.path.join(root, PROCS_DIR)
@@ -80,28 +86,61 @@ class ProcessLock:
         if os.path.islink(self.directory):
             raise NotADirectoryError(f"{self.directory} is a symbolic link")
         self.token = _new_token()
-        self._fd = os.open(
-            self._path(self.token), os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644
-        )
-        fcntl.flock(self._fd, fcntl.LOCK_EX)
+        self._fd = self._create()
 
     def _path(self, token: str) -> str:
-        return os.path.join(self.directory, f"{token}.lock")
+        return os.path.join(self.directory, token + LOCK_SUFFIX)
+
+    def _create(self) -> int:
+        dir_fd = open_dir(self.directory)
+        try:
+            temp = self.token + NEW_LOCK_SUFFIX
+            fd = open_regular(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, dir_fd=dir_fd)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX)
+                os.rename(temp, self.token + LOCK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except BaseException:
+                os.close(fd)
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
+                raise
+            return fd
+        finally:
+            os.close(dir_fd)
 
     def is_alive(self, token: str) -> bool:
         """True while the process that owns `token` holds its lock."""
         return token == self.token or token_alive(self.directory, token)
 
     def forget(self, token: str) -> None:
-        """Removes a dead process's lock file."""
+        """Removes a dead process's lock file (or whatever else is at its name)."""
         if token != self.token:
             with contextlib.suppress(OSError):
                 os.unlink(self._path(token))
 
     def tokens(self) -> list[str]:
+        """The names of the lock files here (tokens, or junk that is no live process)."""
         with contextlib.suppress(OSError):
-            return [n[:-5] for n in os.listdir(self.directory) if n.endswith(".lock")]
+            names = os.listdir(self.directory)
+            return [n[: -len(LOCK_SUFFIX)] for n in names if n.endswith(LOCK_SUFFIX)]
         return []
+
+    def remove_abandoned(self) -> None:
+        """Removes locks that a process died making (never renamed into place)."""
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.directory):
+                if not name.endswith(NEW_LOCK_SUFFIX) or name.startswith(self.token):
+                    continue
+                path = os.path.join(self.directory, name)
+                with contextlib.suppress(OSError):
+                    fd = open_regular(path)
+                    try:
+                        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    except OSError:
+                        continue  # being made right now
+                    finally:
+                        os.close(fd)
+                    os.unlink(path)
 
     def ensure(self) -> None:
         """Recreates this process's lock file if someone deleted it."""
@@ -111,12 +150,7 @@ class ProcessLock:
         except OSError:
             pass
         with contextlib.suppress(OSError):
-            fd = os.open(
-                self._path(self.token),
-                os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC,
-                0o644,
-            )
-            fcntl.flock(fd, fcntl.LOCK_EX)
+            fd = self._create()
             os.close(self._fd)
             self._fd = fd
 
@@ -149,7 +183,10 @@ class _State:
         entries = {}
         for index in range(count):
             token, reserved = _ENTRY.unpack_from(raw, _HEAD.size + index * _ENTRY.size)
-            entries[token.decode("ascii", "replace")] = reserved
+            name = token.decode("ascii", "replace")
+            if not is_token(name):
+                return None  # a flipped bit, a forged entry: damaged, recounted
+            entries[name] = reserved
         return cls(committed, entries)
 
     def pack(self) -> bytes:
@@ -176,12 +213,33 @@ class Ledger:
         self._fd = self._open()
 
     def _open(self) -> int | None:
+        """The ledger, opened as every file of the store is (open_regular): a FIFO, a device
+        or a symbolic link at its name is never read (read-only: as if there were no ledger;
+        writable: replaced by a new ledger, recounted from disk)."""
         if self._read_only:
             try:
-                return os.open(self._path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+                return open_regular(self._path)
             except OSError:
-                return None  # a store nobody has written yet
-        return os.open(self._path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o644)
+                return None  # a store nobody has written yet, or no ledger at all there
+        try:
+            return open_regular(self._path, os.O_RDWR | os.O_CREAT)
+        except NotRegularFileError:
+            self._replace()
+            self.needs_rebuild = True
+            return open_regular(self._path, os.O_RDWR | os.O_CREAT)
+
+    def _replace(self) -> None:
+        """Puts an empty ledger where something else is (renamed over it: atomic, and never
+        through a link). A directory there cannot be replaced: OSError."""
+        temp = f"{self._path}.{self._process.token}.new"
+        fd = open_regular(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
+        os.close(fd)
+        try:
+            os.rename(temp, self._path)
+        except OSError:
+            with contextlib.suppress(OSError):
+                os.unlink(temp)
+            raise
 
     def _reopen_if_replaced(self) -> None:
         """A ledger deleted or replaced under us: switch to the file at the path."""
@@ -313,6 +371,7 @@ class Ledger:
             return state.total
 
         process.ensure()
+        process.remove_abandoned()
         return self._locked(update)
 
     def close(self) -> None:

@@ -1,52 +1,90 @@
 """Lifetime counters, persisted in the store so that `galahad stats` shows them across restarts.
 
-    <root>/stats/<token>.json   the counters of one open store process (rewritten atomically,
-                                at most every FLUSH_INTERVAL_S, and at close)
+    <root>/stats/<token>.json   the counters, settings and identity (pid namespace, pid, start
+                                time) of one open store process: written when it opens the
+                                store, rewritten atomically at most every FLUSH_INTERVAL_S,
+                                and folded into lifetime.json when it closes the store
     <root>/stats/lifetime.json  counters of processes that are gone, folded in by the next
                                 process to open the store (under flock)
 
-Totals are lifetime.json plus every per-process file. Pure file I/O, no torch or SGLang.
+Totals are lifetime.json plus every per-process file. A file belongs to a live process only
+while that process's token is alive (ledger.token_alive: its lock, never a pid alone), so the
+settings of a run that ended, in this pid namespace or a container's, are never applied.
+
+Every file is reached through a descriptor of `stats` opened without following links, opened
+with layout.open_regular (never a FIFO, a device or a link) and read at most
+STATS_FILE_MAX_BYTES: a hostile file is a miss, never a hang or a read of gigabytes.
+Pure file I/O, no torch or SGLang.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
 import threading
 import time
+import weakref
 from collections.abc import Callable
+
+from .layout import (
+    NotRegularFileError,
+    is_token,
+    open_dir,
+    open_regular,
+    process_identity,
+    read_small_file,
+)
 
 STATS_DIR = "stats"
 LIFETIME_FILE = "lifetime.json"
+LOCK_FILE = LIFETIME_FILE + ".lock"
 FLUSH_INTERVAL_S = 2.0
+STATS_FILE_MAX_BYTES = 1 << 20
+TEMP_SUFFIX = ".tmp"
+STALE_TEMP_AGE_S = 600.0
+
+# The counter files this process has open, by path (so that closing the store retires its own).
+_open_files: weakref.WeakValueDictionary[str, CounterFile] = weakref.WeakValueDictionary()
+_open_files_lock = threading.Lock()
 
 
-def _read(path: str) -> dict:
+def _load(dir_fd: int, name: str) -> dict | None:
+    """The JSON object in `name`: {} when it is missing, not a regular file, too large or not
+    a JSON object (it can be rewritten from scratch); None when it could not be read now."""
     try:
-        with open(path) as handle:
-            data = json.load(handle)
-    except (OSError, ValueError):
+        data = json.loads(read_small_file(name, STATS_FILE_MAX_BYTES, dir_fd=dir_fd))
+    except (FileNotFoundError, NotRegularFileError, ValueError):
         return {}
-    counters = data.get("counters") if isinstance(data, dict) else None
+    except OSError as error:
+        return {} if error.errno == errno.EFBIG else None
+    return data if isinstance(data, dict) else {}
+
+
+def _counters(document: dict | None) -> dict:
+    counters = (document or {}).get("counters")
     if not isinstance(counters, dict):
         return {}
-    return {k: v for k, v in counters.items() if isinstance(v, int) and not isinstance(v, bool)}
+    return {
+        k: v
+        for k, v in counters.items()
+        if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+    }
 
 
-def _write(path: str, counters: dict, settings: dict | None = None) -> None:
-    temp = f"{path}.{os.getpid()}.{threading.get_ident()}.tmp"
-    document = {"counters": counters, "updated_s": time.time()}
-    if settings is not None:
-        document["settings"] = settings
+def _write(dir_fd: int, name: str, document: dict) -> None:
+    """Replaces `name` atomically (a temp file of this process renamed over it)."""
+    temp = f".{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
     try:
-        with open(temp, "w") as handle:
+        fd = open_regular(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
+        with os.fdopen(fd, "w") as handle:
             json.dump(document, handle)
-        os.replace(temp, path)
+        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
     finally:
         with contextlib.suppress(OSError):
-            os.unlink(temp)
+            os.unlink(temp, dir_fd=dir_fd)
 
 
 def _add(total: dict, more: dict) -> None:
@@ -54,31 +92,110 @@ def _add(total: dict, more: dict) -> None:
         total[name] = total.get(name, 0) + value
 
 
-def live_settings(root: str) -> list[dict]:
-    """The settings (budget, floor, codecs) of every store process that wrote a counter file
-    and has not been folded yet: the servers using the store now, or lately."""
-    directory = os.path.join(root, STATS_DIR)
+def _listing(dir_fd: int) -> list[str]:
+    list_fd = os.open(".", os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC, dir_fd=dir_fd)
+    try:
+        return sorted(os.listdir(list_fd))
+    finally:
+        os.close(list_fd)
+
+
+def _process_files(names: list[str]) -> list[str]:
+    return [n for n in names if n.endswith(".json") and n != LIFETIME_FILE and n[0] != "."]
+
+
+@contextlib.contextmanager
+def _stats_dir(root_or_dir: str, *, is_dir: bool = False):
+    directory = root_or_dir if is_dir else os.path.join(root_or_dir, STATS_DIR)
+    dir_fd = open_dir(directory)
+    try:
+        yield dir_fd
+    finally:
+        os.close(dir_fd)
+
+
+def recorded_identity(stats_dir: str, token: str) -> dict | None:
+    """The identity the process holding `token` recorded when it opened the store, if any."""
+    if not is_token(token):
+        return None
+    try:
+        with _stats_dir(stats_dir, is_dir=True) as dir_fd:
+            identity = (_load(dir_fd, token + ".json") or {}).get("process")
+    except OSError:
+        return None
+    return identity if isinstance(identity, dict) else None
+
+
+def live_settings(root: str, is_alive: Callable[[str], bool]) -> list[dict]:
+    """The settings (budget, floor, codecs) of every store process that is alive now
+    (`is_alive(token)`, see ledger.token_alive): the servers using the store."""
     found = []
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".json") and name != LIFETIME_FILE:
-                with contextlib.suppress(OSError, ValueError):
-                    with open(os.path.join(directory, name)) as handle:
-                        settings = json.load(handle).get("settings")
-                    if isinstance(settings, dict):
-                        found.append(settings)
+    with contextlib.suppress(OSError), _stats_dir(root) as dir_fd:
+        for name in _process_files(_listing(dir_fd)):
+            token = name[: -len(".json")]
+            if not is_token(token) or not is_alive(token):
+                continue
+            settings = (_load(dir_fd, name) or {}).get("settings")
+            if isinstance(settings, dict):
+                found.append(settings)
     return found
 
 
 def lifetime_totals(root: str) -> dict:
     """The counters of every process that ever had the store open (read-only)."""
-    directory = os.path.join(root, STATS_DIR)
     total: dict = {}
-    with contextlib.suppress(OSError):
-        for name in sorted(os.listdir(directory)):
-            if name.endswith(".json"):
-                _add(total, _read(os.path.join(directory, name)))
+    with contextlib.suppress(OSError), _stats_dir(root) as dir_fd:
+        for name in _listing(dir_fd):
+            if name.endswith(".json") and name[0] != ".":
+                _add(total, _counters(_load(dir_fd, name)))
     return total
+
+
+def _fold(dir_fd: int, should_fold: Callable[[str], bool]) -> None:
+    """Adds the per-process files `should_fold(name)` picks to lifetime.json and removes them,
+    under the lifetime lock (and removes temp files writers left behind)."""
+    try:
+        fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
+    except NotRegularFileError:  # something else put at its name: it is ours to replace
+        os.unlink(LOCK_FILE, dir_fd=dir_fd)
+        fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        lifetime = _load(dir_fd, LIFETIME_FILE)
+        if lifetime is None:
+            return  # unreadable now: fold next time rather than lose its totals
+        total = _counters(lifetime)
+        names = _listing(dir_fd)
+        folded = [name for name in _process_files(names) if should_fold(name)]
+        for name in folded:
+            _add(total, _counters(_load(dir_fd, name)))
+        if folded:
+            _write(dir_fd, LIFETIME_FILE, {"counters": total, "updated_s": time.time()})
+            for name in folded:
+                with contextlib.suppress(OSError):
+                    os.unlink(name, dir_fd=dir_fd)
+        now_s = time.time()
+        for name in names:
+            if name[0] == "." and name.endswith(TEMP_SUFFIX):
+                with contextlib.suppress(OSError):
+                    info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                    if now_s - info.st_mtime > STALE_TEMP_AGE_S:
+                        os.unlink(name, dir_fd=dir_fd)
+    finally:
+        os.close(fd)
+
+
+def retire(root: str, token: str) -> None:
+    """The process holding `token` closes the store: its counter file stops being written and
+    is folded into lifetime.json (its settings are no live server's any more)."""
+    path = os.path.join(root, STATS_DIR, token + ".json")
+    with _open_files_lock:
+        counter_file = _open_files.pop(path, None)
+    if counter_file is not None:
+        counter_file.close()
+        return
+    with contextlib.suppress(OSError), _stats_dir(root) as dir_fd:
+        _fold(dir_fd, lambda name: name == token + ".json")
 
 
 class CounterFile:
@@ -87,43 +204,53 @@ class CounterFile:
     def __init__(self, root: str, token: str, is_alive: Callable[[str], bool], settings: dict):
         self.directory = os.path.join(root, STATS_DIR)
         self._settings = settings
-        os.makedirs(self.directory, exist_ok=True)
-        self._path = os.path.join(self.directory, f"{token}.json")
+        self._identity = process_identity()
+        self._name = token + ".json"
+        self._path = os.path.join(self.directory, self._name)
         self._last_flush_s = 0.0
+        self._closed = False
         self._lock = threading.Lock()
-        self._fold_dead(is_alive)
+        with contextlib.suppress(OSError):
+            os.makedirs(self.directory, exist_ok=True)
+        with _open_files_lock:
+            _open_files[self._path] = self
+        # Written at once: its identity tells this process alive if its lock file is deleted.
+        self._write_now({})
+        with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
+            _fold(dir_fd, lambda name: not self._is_live(name, token, is_alive))
 
-    def _fold_dead(self, is_alive: Callable[[str], bool]) -> None:
-        lifetime = os.path.join(self.directory, LIFETIME_FILE)
-        fd = os.open(lifetime + ".lock", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX)
-            total = _read(lifetime)
-            folded = []
-            for name in os.listdir(self.directory):
-                token = name[: -len(".json")]
-                if not name.endswith(".json") or name == LIFETIME_FILE or is_alive(token):
-                    continue
-                _add(total, _read(os.path.join(self.directory, name)))
-                folded.append(name)
-            if folded:
-                _write(lifetime, total)
-                for name in folded:
-                    with contextlib.suppress(OSError):
-                        os.unlink(os.path.join(self.directory, name))
-        finally:
-            os.close(fd)
+    @staticmethod
+    def _is_live(name: str, token: str, is_alive: Callable[[str], bool]) -> bool:
+        other = name[: -len(".json")]
+        return other == token or (is_token(other) and is_alive(other))
+
+    def _write_now(self, counters: dict) -> None:
+        document = {"counters": counters, "updated_s": time.time(), "settings": self._settings}
+        if self._identity is not None:
+            document["process"] = self._identity
+        with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
+            _write(dir_fd, self._name, document)
 
     def maybe_flush(self, snapshot: Callable[[], dict], force: bool = False) -> None:
         """Writes the counters if FLUSH_INTERVAL_S has passed (never raises)."""
         now_s = time.monotonic()
-        if not force and now_s - self._last_flush_s < FLUSH_INTERVAL_S:
+        if self._closed or (not force and now_s - self._last_flush_s < FLUSH_INTERVAL_S):
             return
         if not self._lock.acquire(blocking=force):
             return
         try:
+            if self._closed:
+                return
             self._last_flush_s = now_s
-            with contextlib.suppress(OSError):
-                _write(self._path, {k: v for k, v in snapshot().items() if v}, self._settings)
+            self._write_now({k: v for k, v in snapshot().items() if v})
         finally:
             self._lock.release()
+
+    def close(self) -> None:
+        """No more writes; the file is folded into lifetime.json (never raises)."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
+                _fold(dir_fd, lambda name: name == self._name)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 from dataclasses import dataclass, field
 
@@ -41,6 +42,7 @@ class NamespaceStats:
     records: int = 0
     disk_bytes: int = 0
     logical_bytes: int = 0
+    unreadable_headers: int = 0
     oldest_s: float | None = None
     newest_s: float | None = None
 
@@ -49,9 +51,14 @@ class NamespaceStats:
         return self.logical_bytes / self.disk_bytes if self.disk_bytes else None
 
     def add(self, entry: FileEntry, raw_len: int | None) -> None:
+        """A record file; `raw_len` is None when its header cannot be parsed (it holds no
+        page this store could serve: 0 logical bytes)."""
         self.records += 1
-        self.disk_bytes += entry.size_bytes
-        self.logical_bytes += raw_len if raw_len is not None else entry.size_bytes
+        self.disk_bytes += entry.accounted_bytes  # as the ledger counts it (sparse files)
+        if raw_len is None:
+            self.unreadable_headers += 1
+        else:
+            self.logical_bytes += raw_len
         mtime_s = entry.mtime_ns / 1e9
         self.oldest_s = mtime_s if self.oldest_s is None else min(self.oldest_s, mtime_s)
         self.newest_s = mtime_s if self.newest_s is None else max(self.newest_s, mtime_s)
@@ -65,10 +72,30 @@ class NamespaceStats:
             "records": self.records,
             "disk_bytes": self.disk_bytes,
             "logical_bytes": self.logical_bytes,
+            "unreadable_headers": self.unreadable_headers,
             "compression_ratio": self.compression_ratio,
             "oldest_record_s": self.oldest_s,
             "newest_record_s": self.newest_s,
         }
+
+
+_KINDS = {
+    stat.S_IFIFO: "fifo",
+    stat.S_IFDIR: "directory",
+    stat.S_IFLNK: "symbolic link",
+    stat.S_IFCHR: "character device",
+    stat.S_IFBLK: "block device",
+    stat.S_IFSOCK: "socket",
+}
+
+
+def not_a_record(entry: FileEntry) -> str | None:
+    """What a scanned entry is when it is not a regular file (it is no record), else None."""
+    try:
+        mode = os.lstat(entry.path).st_mode
+    except OSError:
+        return None  # gone since the scan
+    return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
 def _raw_len(entry: FileEntry) -> int | None:
@@ -86,7 +113,11 @@ def _raw_len(entry: FileEntry) -> int | None:
         os.close(fd)
 
 
-def namespace_stats(store: RecordStore, unreadable=None) -> list[NamespaceStats]:
+def namespace_stats(
+    store: RecordStore, unreadable=None, not_records: list | None = None
+) -> list[NamespaceStats]:
+    """Per namespace: its record files (regular files only; anything else under a record's
+    name is appended to `not_records` as (path, kind))."""
     found = []
     for dirname in store.layout.namespace_dirnames(unreadable):
         namespace = store.layout.load_namespace(dirname)
@@ -97,16 +128,23 @@ def namespace_stats(store: RecordStore, unreadable=None) -> list[NamespaceStats]
             namespace.pool if namespace else None,
         )
         for entry in store.layout.records([dirname], unreadable):
+            kind = not_a_record(entry)
+            if kind is not None:
+                if not_records is not None:
+                    not_records.append((entry.path, kind))
+                continue
             stats.add(entry, _raw_len(entry))
         found.append(stats)
     return found
 
 
 def stats_report(store: RecordStore) -> dict:
-    unreadable_dirs = []
-    namespaces = namespace_stats(store, lambda path, error: unreadable_dirs.append(path))
-    stat = os.statvfs(store.root)
-    settings = live_settings(store.root)
+    unreadable_dirs, not_records = [], []
+    namespaces = namespace_stats(
+        store, lambda path, error: unreadable_dirs.append(path), not_records
+    )
+    filesystem = os.statvfs(store.root)
+    settings = live_settings(store.root, store.accounting.is_alive)
     caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
     floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
     return {
@@ -114,6 +152,7 @@ def stats_report(store: RecordStore) -> dict:
         "namespaces": [ns.as_dict() for ns in namespaces],
         "unattributable_namespaces": [ns.dirname for ns in namespaces if ns.tenant is None],
         "unreadable_dirs": unreadable_dirs,
+        "not_records": [{"path": path, "kind": kind} for path, kind in not_records],
         "records": sum(ns.records for ns in namespaces),
         "disk_bytes": sum(ns.disk_bytes for ns in namespaces),
         "logical_bytes": sum(ns.logical_bytes for ns in namespaces),
@@ -122,8 +161,8 @@ def stats_report(store: RecordStore) -> dict:
             "max_bytes": min(caps) if caps else None,
             "min_free_bytes": max(floors) if floors else None,
             "ledger_bytes": store.usage_bytes(),
-            "filesystem_free_bytes": stat.f_bavail * stat.f_frsize,
-            "filesystem_bytes": stat.f_blocks * stat.f_frsize,
+            "filesystem_free_bytes": filesystem.f_bavail * filesystem.f_frsize,
+            "filesystem_bytes": filesystem.f_blocks * filesystem.f_frsize,
             "servers": settings,
         },
         "lifetime_counters": lifetime_totals(store.root),
