@@ -382,12 +382,9 @@ def encode_record(
     return header, body
 
 
-def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decompress=None):
-    """The raw page from a verified-length payload: checks V13-V15 and returns the bytes.
-
-    cipher: object with open(nonce, payload, header) -> bytes | None. decompress: callable
-    (payload, raw_len) -> bytes raising DecompressionError on a bad frame.
-    """
+def open_payload(header: Header, header_bytes, payload, *, cipher=None):
+    """The stored body of a verified-length payload after V13 and V14 (digest, or tag and
+    decryption): the page, or its zstd frame. cipher: as for decode_payload."""
     verify_digest(header, header_bytes, [payload])
     body = payload
     if header.encrypted:
@@ -396,6 +393,16 @@ def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decomp
         body = cipher.open(header.nonce, payload, bytes(header_bytes))
         if body is None:
             raise AuthenticationError("AES-GCM tag does not verify")
+    return body
+
+
+def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decompress=None):
+    """The raw page from a verified-length payload: checks V13-V15 and returns the bytes.
+
+    cipher: object with open(nonce, payload, header) -> bytes | None. decompress: callable
+    (payload, raw_len) -> bytes raising DecompressionError on a bad frame.
+    """
+    body = open_payload(header, header_bytes, payload, cipher=cipher)
     if header.compressed:
         if decompress is None:
             raise DecompressionError("compressed record and no decompressor")
@@ -417,8 +424,10 @@ def decode_record(
     allow_unverified: bool = False,
 ):
     """Applies every rule (V1-V16) to a whole record in memory and returns the raw page.
-    The lengths it claims are compared with `expected_raw_len` before any payload byte is
-    hashed, decrypted or decompressed (V16 first: a frame claiming 1 GiB is never inflated)."""
+    The raw length it claims is compared with `expected_raw_len` before anything is
+    decompressed: a record of another size is V16 (a frame claiming 1 GiB is never
+    inflated), after its digest or tag (V13, V14) when its stored bytes are no more than
+    the page's, so that damage to its header is still told from another page size."""
     data = memoryview(data).cast("B")
     header = parse_header(data, len(data))
     check_identity(
@@ -429,6 +438,10 @@ def decode_record(
         allow_unverified=allow_unverified,
     )
     if expected_raw_len is not None and header.raw_len != expected_raw_len:
+        if header.payload_len <= expected_raw_len + TAG_BYTES:
+            open_payload(
+                header, data[: header.header_len], data[header.header_len :], cipher=cipher
+            )
         raise RawSizeError(
             f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
         )

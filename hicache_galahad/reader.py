@@ -260,8 +260,15 @@ class RecordReader:
         expected_len = sum(len(segment) for segment in segments)
         # Every length the record claims is bounded by the page before a payload byte is read
         # or decoded: raw_len here, the stored length by V9 (at most raw_len, plus the tag),
-        # the file's by V8. A record of another size is never read (V16, left in place).
+        # the file's by V8. A record of another size is V16 (left in place) without being
+        # decompressed; its digest or tag is checked first only when its stored bytes are no
+        # more than the page's (as cheap as the read asked for), so that damage to its
+        # header is still quarantined.
         if header.raw_len != expected_len:
+            if header.payload_len <= expected_len + fmt.TAG_BYTES:
+                self._verify_payload_stream(
+                    fd, header, header_bytes, namespace.tenant, decompress=False
+                )
             raise fmt.RawSizeError(
                 f"record holds {header.raw_len} bytes, reader expects {expected_len}"
             )
@@ -336,8 +343,11 @@ class RecordReader:
         finally:
             os.close(fd)
 
-    def _verify_payload_stream(self, fd, header, header_bytes, tenant: str | None) -> None:
-        """V13-V15 over the payload, READ_CHUNK_BYTES at a time."""
+    def _verify_payload_stream(
+        self, fd, header, header_bytes, tenant: str | None, decompress: bool = True
+    ) -> None:
+        """V13-V15 over the payload, READ_CHUNK_BYTES at a time (V15 only with
+        `decompress`)."""
         hasher = fmt.new_digest(header.digest_alg)
         if hasher is not None:
             fmt.hash_header(hasher, header_bytes)
@@ -351,7 +361,11 @@ class RecordReader:
             tag = os.pread(fd, fmt.TAG_BYTES, header.header_len + body_len)
             decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
         source = _PayloadSource(fd, header.header_len, body_len, hasher, decryptor)
-        decoded_len = _decoded_length(source, header.raw_len) if header.compressed else body_len
+        decoded_len = header.raw_len
+        if header.compressed and decompress:
+            decoded_len = _decoded_length(source, header.raw_len)
+        elif not header.compressed:
+            decoded_len = body_len
         source.drain()
         if hasher is not None and hasher.digest() != header.digest:
             raise fmt.DigestMismatchError("digest mismatch")
