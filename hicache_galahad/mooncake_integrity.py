@@ -3,10 +3,13 @@
 Mooncake has no authentication, so anyone who reaches the cluster can write any value under any
 key. A record's own checks do not stop a forger on a plaintext store: the namespace digest can
 be copied from any honest value and the payload digest (xxh3, sha256) is unkeyed. So every value
-a TieredStore puts is `record || tag`, the tag a keyed BLAKE2b-256 over the value's Mooncake key
-and the record bytes, under a key that every server of the cluster holds (`integrity_key_file`,
-32 random bytes, mode 0600, separate from the tenants' encryption key). A value without the
-right tag, or moved to another key, fails rule M1 before a byte of it is parsed.
+a TieredStore puts is `record || nonce || tag`, under a key that every server of the cluster
+holds (`integrity_key_file`, 32 random bytes, mode 0600, separate from the tenants' encryption
+key). The tag is Poly1305 over the record with a one-time key, BLAKE2b-256 keyed with the
+cluster key over the value's Mooncake key and a fresh random 16-byte nonce (the construction of
+NaCl's one-time authenticator; 0.1-0.2 ms per MiB on the reference box, against 0.9 for keyed
+BLAKE2b or 1.25 for HMAC-SHA256 over the record). A value without the right tag, or moved to another Mooncake key (whose one-time key
+differs), fails rule M1 before a byte of it is parsed.
 
 Pure apart from reading the key file.
 """
@@ -18,11 +21,15 @@ import hmac
 import os
 import stat
 
+from cryptography.hazmat.primitives.poly1305 import Poly1305
+
 from . import format as fmt
 from .errors import KeyFileError
 
 INTEGRITY_KEY_BYTES = 32
-TAG_BYTES = 32
+NONCE_BYTES = 16
+MAC_BYTES = 16
+TAG_BYTES = NONCE_BYTES + MAC_BYTES  # what a value carries after its record
 _PERSON = b"galahad-mc-v1"  # BLAKE2b personalisation: this use of the key, and no other
 _OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 _OPTION = "mooncake option 'integrity_key_file'"
@@ -70,15 +77,14 @@ class ValueTag:
             raise ValueError(f"an integrity key is {INTEGRITY_KEY_BYTES} bytes")
         self._key = bytes(key)
 
-    def tag(self, name: str, record) -> bytes:
-        """The tag of `record` (bytes or a list of buffers) stored under Mooncake key `name`."""
-        hasher = hashlib.blake2b(key=self._key, digest_size=TAG_BYTES, person=_PERSON)
-        encoded = name.encode("utf-8", "surrogateescape")
-        hasher.update(len(encoded).to_bytes(8, "little"))
-        hasher.update(encoded)
+    def tag(self, name: str, record, nonce: bytes | None = None) -> bytes:
+        """The nonce and tag that follow `record` (bytes or a list of buffers) stored under
+        Mooncake key `name`; a fresh random nonce unless one is given."""
+        nonce = os.urandom(NONCE_BYTES) if nonce is None else nonce
+        mac = Poly1305(self._one_time_key(name, nonce))
         for piece in record if isinstance(record, list | tuple) else [record]:
-            hasher.update(piece)
-        return hasher.digest()
+            mac.update(piece)
+        return nonce + mac.finalize()
 
     def open(self, name: str, value) -> memoryview:
         """The record in a tagged value (a view of `value`); raises ValueTagError (M1)."""
@@ -86,6 +92,15 @@ class ValueTag:
         if len(value) <= TAG_BYTES:
             raise ValueTagError(f"value of {len(value)} bytes cannot hold an integrity tag")
         record = value[:-TAG_BYTES]
-        if not hmac.compare_digest(self.tag(name, record), value[-TAG_BYTES:]):
+        nonce = bytes(value[-TAG_BYTES:-MAC_BYTES])
+        if not hmac.compare_digest(self.tag(name, record, nonce), value[-TAG_BYTES:]):
             raise ValueTagError("integrity tag does not verify (no key, another key or damage)")
         return record
+
+    def _one_time_key(self, name: str, nonce: bytes) -> bytes:
+        hasher = hashlib.blake2b(key=self._key, digest_size=32, person=_PERSON)
+        encoded = name.encode("utf-8", "surrogateescape")
+        hasher.update(len(encoded).to_bytes(8, "little"))
+        hasher.update(encoded)
+        hasher.update(nonce)
+        return hasher.digest()
