@@ -22,7 +22,7 @@ from sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 from hicache_galahad import format as fmt
 from hicache_galahad.config import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
-from hicache_galahad.mooncake_integrity import ValueTag
+from hicache_galahad.mooncake_integrity import ValueTag, ValueTagError
 from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
 from hicache_galahad.store import RecordStore
 from hicache_galahad.tiered import TieredStore, shared_key
@@ -163,6 +163,31 @@ def test_a_shared_tier_without_any_key_is_refused_at_start(tmp_path):
         MooncakeTier(
             MooncakeOptions.from_config(dict(MOONCAKE, integrity_key_file=str(tmp_path / "fifo")))
         )
+
+
+def test_the_integrity_tag_binds_the_record_and_its_mooncake_key():
+    tag = ValueTag(os.urandom(32))
+    record = os.urandom(4096)
+    value = record + tag.tag("galahad/ns/a", record)
+    assert bytes(tag.open("galahad/ns/a", value)) == record
+    assert tag.tag("galahad/ns/a", [record[:7], record[7:]], b"n" * 16) == tag.tag(
+        "galahad/ns/a", record, b"n" * 16
+    )
+    flipped = bytearray(value)
+    flipped[100] ^= 1
+    refused = [
+        ("galahad/ns/b", value),  # moved to another key
+        ("galahad/ns/a", bytes(flipped)),  # one bit of the record
+        ("galahad/ns/a", value[:-1] + bytes([value[-1] ^ 1])),  # one bit of the tag
+        ("galahad/ns/a", record + os.urandom(32)),  # a guess
+        ("galahad/ns/a", value[:32]),  # too short to hold a tag
+    ]
+    other = ValueTag(os.urandom(32))
+    for name, candidate in refused:
+        with pytest.raises(ValueTagError):
+            tag.open(name, candidate)
+    with pytest.raises(ValueTagError):
+        other.open("galahad/ns/a", value)  # another cluster's key
 
 
 # -- item 1: forged values on a plaintext tier ----------------------------------------------------

@@ -4,7 +4,8 @@ roots) on one real Mooncake cluster (a master and a store daemon on loopback).
 A page written by node A is a storage hit on node B, byte-exact, and lands on B's disk; values
 that are garbage, cut short, of another tenant or of another model are misses on B and never
 reach B's host memory; Mooncake's failures are misses, never exceptions, and the local disk
-keeps serving."""
+keeps serving. A hostile peer's attacks (forgeries, squatting, bombs, writes into the read
+buffer) are in test_mooncake_attacks.py."""
 
 from __future__ import annotations
 
