@@ -29,7 +29,12 @@ from hicache_galahad.blaise.records import (
     MAX_SECTION_BYTES,
     log_entry,
 )
-from hicache_galahad.blaise.segment import HARD_CUT_BYTES, MAX_HEADING_BYTES, segment
+from hicache_galahad.blaise.segment import (
+    HARD_CUT_BYTES,
+    MAX_HEADING_BYTES,
+    estimate_tokens,
+    segment,
+)
 
 PACKAGE_PARENT = Path(hicache_galahad.__file__).parents[1]  # the child imports the same code
 
@@ -143,6 +148,7 @@ def test_huge_heading_blocks_and_runs_are_cut_byte_exact():
         b"== Wiki ==\r\n" + b"\r\n" * big + b"Text.",
         b"." * big,
         "é".encode() * big,
+        b"# a\n" * big,  # one run of headings
         b"# " + b"h" * (MAX_HEADING_BYTES + 10) + b"\n\nText.\n",
     ]
     for data in documents:
@@ -152,6 +158,9 @@ def test_huge_heading_blocks_and_runs_are_cut_byte_exact():
             assert max(s.end - s.start for s in sections) <= 2 * HARD_CUT_BYTES
             for section in sections:
                 data[section.start : section.end].decode("utf-8")
+    for data in documents[1:5]:  # runs of blank lines, marks, characters: within the budget
+        for section in segment(data):
+            assert estimate_tokens(data[section.start : section.end]) <= 600 * 1.05 + 2
     titled = segment(documents[0])
     assert titled[0].headings == ("Title",)
     long_heading = segment(documents[-1])
@@ -190,6 +199,8 @@ CHILD = textwrap.dedent(
         "setext_rule_spaces": b"=" * 40_000 + b" " * 40_000 + b"x\\n===\\n",
         "quotes": b'."' * 40_000,
         "numbers": b"Prices\\n\\n" + b",".join([b"1990"] * 2_000) + b"\\n",
+        "headings": b"# a\\n" * 20_000,
+        "blank_lines": b"# a\\n" + b"\\n" * 80_000 + b"Text.\\n",
     }
     questions = [
         "What was the price in 1990?",
@@ -213,6 +224,10 @@ CHILD = textwrap.dedent(
                 memory.select(question, k=3)
                 times[name + ":select " + question] = time.perf_counter() - start
         print(json.dumps({"name": name}), flush=True)
+    from hicache_galahad.blaise.prompt import opening_words
+    start = time.perf_counter()
+    assert opening_words("\\n" * 400_000 + "x") == "x"  # the index's words of a section
+    times["opening_words"] = time.perf_counter() - start
     print("TIMES " + json.dumps(times), flush=True)
     """
 )
@@ -220,9 +235,11 @@ CHILD = textwrap.dedent(
 
 def test_hostile_text_is_segmented_indexed_and_selected_in_linear_time():
     """The attack's inputs (40 KB of "." took 33 s to segment, `# a` and 80 KB of spaces 47 s,
-    the `=` forms over 120 s, a question over a 10 KB line of `1990,` 20 s), each at 80 KB and
-    asked five kinds of question: every step under 2 s on this slow 2-core box (they take
-    milliseconds). A child process, killed at 120 s, so that a regression fails, not hangs."""
+    the `=` forms over 120 s, a question over a 10 KB line of `1990,` 20 s), and runs of
+    headings and blank lines, each at 80 KB and asked five kinds of question, and the index's
+    opening words of 400,000 blank lines (2 s per 200,000 before): every step under 2 s on this
+    slow 2-core box (they take milliseconds). A child process, killed at 120 s, so that a
+    regression fails, not hangs."""
     path = os.pathsep.join([str(PACKAGE_PARENT), os.environ.get("PYTHONPATH", "")])
     env = dict(os.environ, PYTHONPATH=path)
     try:
@@ -241,7 +258,7 @@ def test_hostile_text_is_segmented_indexed_and_selected_in_linear_time():
     times = json.loads(line[len("TIMES ") :])
     slow = {step: round(seconds, 2) for step, seconds in times.items() if seconds > 2.0}
     assert slow == {}
-    assert len(times) == 10 * 7
+    assert len(times) == 12 * 7 + 1
 
 
 # ------------------------------------------------------------------------------ item 14

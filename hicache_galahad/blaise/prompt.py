@@ -103,14 +103,16 @@ def render_index(documents) -> str:
 def opening_words(text: str, num_words: int = 16) -> str:
     """The first words of a section's text, past its heading lines."""
     lines = text.splitlines()
-    while lines:
-        if len(lines) > 1 and _is_rule(lines[1]):  # a setext heading and its underline
-            del lines[:2]
-        elif not lines[0].strip() or _is_heading_line(lines[0]):
-            del lines[0]
+    first = 0  # (an index: deleting the head of the list each time was quadratic in the lines)
+    while first < len(lines):
+        if first + 1 < len(lines) and _is_rule(lines[first + 1]):  # setext heading, underline
+            first += 2
+        elif not lines[first].strip() or _is_heading_line(lines[first]):
+            first += 1
         else:
             break
-    words = " ".join(lines).split(maxsplit=num_words)  # the rest, if any, stays in one piece
+    rest = lines[first:]
+    words = " ".join(rest).split(maxsplit=num_words)  # the rest, if any, stays in one piece
     tail = " ..." if len(words) > num_words else ""
     return " ".join(words[:num_words]) + tail
 

@@ -37,9 +37,9 @@ MAX_HEADING_BYTES = 1024  # a longer line is text, not a heading (it bounds head
 _SENTENCE_END = re.compile(
     rb"(?<![.!?])[.!?]++[\"')\]\xe2\x80\x9d\xe2\x80\x99]*+(\s++)(?=[\"'(\[A-Z0-9\xc2-\xf4*#|=-])"
 )
-# A run without spaces or line breaks longer than this is cut at a character boundary (the
-# last resort, after sentences, lines and spaces), so no piece is unbounded: 16 KiB holds 600
-# tokens of letters (one per 34) and keeps every section far below the store's read cap.
+# The most bytes of a piece cut at a character boundary (the last resort, after sentences,
+# lines and spaces), and of a run of headings glued together: no piece, and so no section, is
+# unbounded (16 KiB holds 600 tokens of letters, one per 34; the store's read cap is 16 MiB).
 HARD_CUT_BYTES = 16 << 10
 _ABBREVIATIONS = frozenset(
     b"mr mrs ms dr prof st jr sr vs etc e.g i.e no nos mt ft inc ltd co corp gen col lt sgt "
@@ -272,12 +272,15 @@ def _split_long_spaces(data: bytes, start: int, end: int, budget: int, count) ->
 
 
 def _split_hard(data: bytes, start: int, end: int, budget: int, count) -> list[_Piece]:
-    """A run without line breaks or spaces: cut before a UTF-8 lead byte every HARD_CUT_BYTES
-    at most (so each piece decodes on its own), the parts packed up to the budget."""
+    """A run without line breaks or spaces: cut before a UTF-8 lead byte every `budget` bytes
+    (at least 256, at most HARD_CUT_BYTES: no tokenizer gives a byte more than one token, so
+    a part holds at most the budget), each part decoding on its own, the parts packed up to
+    the budget."""
+    step = min(HARD_CUT_BYTES, max(256, budget))
     cuts = []
     cut = start
-    while end - cut > HARD_CUT_BYTES:
-        at = cut + HARD_CUT_BYTES
+    while end - cut > step:
+        at = cut + step
         while at > cut + 1 and 0x80 <= data[at] < 0xC0:  # a continuation byte: back off
             at -= 1
         cuts.append(at)
@@ -343,8 +346,16 @@ def _pack(pieces: list[_Piece], budget: int, min_tokens: int) -> list[Section]:
 
 
 def _glued(pieces: list[_Piece], index: int) -> list[_Piece]:
+    """The piece at `index` and, if it is a heading, the headings after it and the piece they
+    introduce; a run of headings longer than HARD_CUT_BYTES (hostile: a document of "# a"
+    lines) is cut there, so that no group, and no section, is unbounded."""
     end = index
-    while end < len(pieces) - 1 and pieces[end].heading is not None:
+    start = pieces[index].start
+    while (
+        end < len(pieces) - 1
+        and pieces[end].heading is not None
+        and pieces[end].end - start <= HARD_CUT_BYTES
+    ):
         end += 1
     return pieces[index : end + 1]
 
