@@ -26,6 +26,7 @@ import fcntl
 import os
 import struct
 import threading
+import time
 from collections.abc import Callable
 
 from .layout import NotRegularFileError, identity_alive, is_token, open_dir, open_regular
@@ -39,6 +40,7 @@ MAX_ENTRIES = 4096
 PROCS_DIR = "procs"
 LOCK_SUFFIX = ".lock"
 NEW_LOCK_SUFFIX = ".lock.new"  # a lock being made: locked first, then renamed into place
+ABANDONED_LOCK_AGE_S = 60.0
 
 
 def _new_token() -> str:
@@ -126,13 +128,18 @@ class ProcessLock:
         return []
 
     def remove_abandoned(self) -> None:
-        """Removes locks that a process died making (never renamed into place)."""
+        """Removes locks that a process died making (never renamed into place): a minute old
+        and unlocked (one being made is renamed within microseconds, but may be unlocked for
+        one of them)."""
+        now_s = time.time()
         with contextlib.suppress(OSError):
             for name in os.listdir(self.directory):
                 if not name.endswith(NEW_LOCK_SUFFIX) or name.startswith(self.token):
                     continue
                 path = os.path.join(self.directory, name)
                 with contextlib.suppress(OSError):
+                    if now_s - os.lstat(path).st_mtime < ABANDONED_LOCK_AGE_S:
+                        continue
                     fd = open_regular(path)
                     try:
                         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
