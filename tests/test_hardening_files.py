@@ -309,6 +309,42 @@ def test_a_record_replaced_by_a_fifo_in_the_flush_window_never_blocks_the_flushe
             os.close(os.open(path, os.O_WRONLY | os.O_NONBLOCK))
 
 
+def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch):
+    """An fsync stuck in the kernel (a dead disk) cannot be made for real: injected."""
+    from hicache_galahad.flusher import Flusher
+    from hicache_galahad.metrics import Counters
+
+    (tmp_path / "a.rec").write_bytes(b"x")
+    release = threading.Event()
+    real_fsync = os.fsync
+
+    def stuck_fsync(fd):
+        release.wait(60)
+        real_fsync(fd)
+
+    flusher = Flusher(0.05, Counters())
+    monkeypatch.setattr(os, "fsync", stuck_fsync)
+    try:
+        flusher.add(str(tmp_path), ["a.rec"])
+        time.sleep(0.3)  # the background flush is now stuck in fsync
+        errors = []
+
+        def close():
+            try:
+                flusher.close(timeout_s=1.0)
+            except BaseException as error:
+                errors.append(error)
+
+        started_s = time.monotonic()
+        closer = threading.Thread(target=close, daemon=True)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive() and not errors, errors
+        assert time.monotonic() - started_s < 3
+    finally:
+        release.set()
+
+
 # ----------------------------------------------------------------------------- 10. exit
 
 # Puts records and exits without close(). The hook printing the counters is registered
