@@ -90,6 +90,13 @@ class RecordCodec:
         if self._codecs.decompressor is None:
             self._codecs.decompressor = zstandard.ZstdDecompressor()
         try:
+            # python-zstandard ignores max_output_size when the frame states its content size:
+            # a frame claiming 64 MiB under a header saying one page would be inflated whole.
+            claimed_bytes = zstandard.frame_content_size(payload)
+            if claimed_bytes not in (-1, raw_len):
+                raise fmt.DecompressionError(
+                    f"zstd frame claims {claimed_bytes} bytes, the header {raw_len}"
+                )
             return self._codecs.decompressor.decompress(payload, max_output_size=raw_len)
         except zstandard.ZstdError as error:
             raise fmt.DecompressionError(str(error)) from error

@@ -326,3 +326,39 @@ def test_a_value_claiming_a_gibibyte_is_never_decompressed(tmp_path):
         tracemalloc.stop()
     assert elapsed_s < 1.0
     assert peak < 64 << 20
+
+
+def test_a_frame_claiming_more_than_its_header_is_never_inflated(tmp_path):
+    """A sound zstd record whose header says one page but whose frame states 64 MiB of
+    content: python-zstandard ignores max_output_size for a frame that states its size, so the
+    frame was inflated whole (64 MiB) before the length was compared. Now refused from the
+    frame's own claim, a miss, in well under a second and without the memory."""
+    import tracemalloc
+
+    frame = zstandard.ZstdCompressor(level=19).compress(bytes(64 << 20))
+    assert len(frame) < PAGE
+    header = fmt.pack_header(
+        flags=fmt.FLAG_ZSTD,
+        payload_len=len(frame),
+        raw_len=PAGE,
+        namespace=ALICE.digest,
+        key=KEYS[0].encode(),
+        digest_alg=fmt.DIGEST_XXH3_128,
+    )
+    fmt.seal_digest(header, [frame], fmt.DIGEST_XXH3_128)
+    value = bytes(header) + frame
+    with RecordStore(str(tmp_path / "store"), compression="zstd") as store:
+        store.register_namespace(ALICE)
+        tracemalloc.start()
+        started = time.perf_counter()
+        with pytest.raises(fmt.DecompressionError):
+            store.reader.decode_value(ALICE, KEYS[0], value, PAGE)
+        Path(tmp_path / "store" / "ns" / ALICE.dirname / record_filename(KEYS[0])).write_bytes(
+            value
+        )
+        assert store.get_into(ALICE, KEYS[0], bytearray(PAGE)) is False
+        elapsed_s = time.perf_counter() - started
+        peak = tracemalloc.get_traced_memory()[1]
+        tracemalloc.stop()
+    assert elapsed_s < 1.0
+    assert peak < 16 << 20
