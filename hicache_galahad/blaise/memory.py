@@ -30,8 +30,9 @@ from .records import (
     Manifest,
     SectionRef,
     TextRecords,
+    block_key,
     manifest_record,
-    section_key,
+    pack_blocks,
 )
 from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens, segment
 
@@ -87,12 +88,13 @@ class Blaise:
         min_tokens: int = DEFAULT_MIN_TOKENS,
         count_tokens: Callable[[bytes], int] = estimate_tokens,
         rank_params: RankParams | None = None,
+        durability: str = "deferred",
     ):
         self.tenant = tenant
         self.budget_tokens = budget_tokens
         self.min_tokens = min_tokens
         self.count_tokens = count_tokens
-        self._records = TextRecords(root, tenant, encryption_key_file)
+        self._records = TextRecords(root, tenant, encryption_key_file, durability)
         self._ranker = Ranker(rank_params)
         self._manifests: dict[str, tuple[str, Manifest]] = {}  # doc_id -> (key, manifest)
         self._entries: dict[int, _Entry] = {}
@@ -114,8 +116,8 @@ class Blaise:
                 self._skip(Skipped(doc_id, "manifest"))
                 continue
             texts = []
-            for ref in manifest.sections:
-                data = self._records.get_section(ref)
+            datas = self._records.get_sections(manifest.sections)
+            for ref, data in zip(manifest.sections, datas, strict=True):
                 if data is None:
                     self._skip(Skipped(doc_id, "section", ref.start, ref.end))
                 texts.append(None if data is None else data.decode("utf-8"))
@@ -183,10 +185,25 @@ class Blaise:
                     f"[{section.start}, {section.end}): over the read cap of "
                     f"{MAX_SECTION_BYTES} bytes (lower budget_tokens)"
                 )
-        keys = [section_key(doc_id, chunk) for chunk in chunks]
-        refs = tuple(
-            SectionRef(s.start, s.end, k, s.headings) for s, k in zip(sections, keys, strict=True)
-        )
+        digests = [hashlib.sha256(chunk).hexdigest() for chunk in chunks]
+        blocks = pack_blocks([(s.start, s.end) for s in sections])
+        block_datas = [data[base:end] for base, end in blocks]
+        block_keys = [block_key(doc_id, block) for block in block_datas]
+        refs, number = [], 0
+        for section, section_digest in zip(sections, digests, strict=True):
+            while section.start >= blocks[number][1]:
+                number += 1
+            refs.append(
+                SectionRef(
+                    section.start,
+                    section.end,
+                    block_keys[number],
+                    section.headings,
+                    section_digest,
+                    blocks[number][0],
+                )
+            )
+        refs = tuple(refs)
         manifest = Manifest(doc_id, len(data), digest, refs)
         key, encoded = manifest_record(manifest)
         if len(encoded) > MAX_MANIFEST_BYTES:
@@ -195,11 +212,11 @@ class Blaise:
                 f"read cap of {MAX_MANIFEST_BYTES} bytes ({len(refs)} sections; raise "
                 "budget_tokens or split the document)"
             )
-        if not self._records.put_sections(keys, chunks):
+        # the blocks and the manifest in one batch (a few files, published together), then
+        # the catalog entry that names them
+        if not self._records.put_document([*block_keys, key], [*block_datas, encoded]):
             raise OSError(f"blaise: could not store the sections of {doc_id!r}")
-        if not self._records.put_manifest(key, encoded) or not self._records.append_log(
-            {"op": "add", "doc_id": doc_id, "manifest": key}
-        ):
+        if not self._records.append_log({"op": "add", "doc_id": doc_id, "manifest": key}):
             raise OSError(f"blaise: could not store the manifest of {doc_id!r}")
         self._unindex(doc_id)
         self._index(doc_id, key, manifest, [decoded_slice(data, r) for r in refs])
@@ -219,11 +236,14 @@ class Blaise:
         return True
 
     def _delete_records(self, previous: tuple[str, Manifest], keep: set[str]) -> None:
+        # the entry that replaced or removed them first becomes durable: a power loss must
+        # never keep the deletion and lose the entry (the catalog would name missing blocks)
+        self._records.sync()
         key, manifest = previous
-        for ref in manifest.sections:
-            if ref.key not in keep:
-                self._records.delete_section(ref)
-        self._records.delete_manifest(key)
+        for record in dict.fromkeys(ref.key for ref in manifest.sections):
+            if record not in keep:
+                self._records.delete_record(record)
+        self._records.delete_record(key)
 
     def documents(self) -> list[str]:
         """Document ids in order of addition."""
@@ -235,7 +255,7 @@ class Blaise:
     def read(self, doc_id: str) -> bytes | None:
         """The whole document from its verified sections; None if any section fails."""
         _, manifest = self._manifests[doc_id]
-        parts = [self._records.get_section(ref) for ref in manifest.sections]
+        parts = self._records.get_sections(manifest.sections)
         if any(part is None for part in parts):
             return None
         data = b"".join(parts)
@@ -323,6 +343,12 @@ class Blaise:
         )
 
     # ------------------------------------------------------------------ lifetime
+
+    def sync(self) -> None:
+        """Makes every document added so far durable now. Without it, records are fsynced
+        by the store's flusher within its window (1 s) and at close: a power loss may lose
+        the last second of adds (they are then misses, never wrong text)."""
+        self._records.sync()
 
     def close(self) -> None:
         self._records.close()

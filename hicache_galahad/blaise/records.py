@@ -3,14 +3,24 @@
 The store never replaces a record (a put of an existing key is a no-op), so every record here
 is immutable and named by its content:
 
-    s/<doc>/<sha256 of the section bytes>     one section's bytes
+    b/<doc>/<sha256 of the block bytes>       a block: consecutive sections of one document,
+                                              up to BLOCK_BYTES (one section alone if larger)
     m/<doc>/<sha256 of the manifest>          a document's manifest (JSON: size, digest,
-                                              sections with offsets, record keys, headings)
+                                              blocks, sections with offsets, SHA-256, headings)
     log/<n>                                   catalog entry n: {"op": "add" | "remove", ...}
+    s/<doc>/<sha256 of the section bytes>     one section's bytes (manifests of schema 1,
+                                              written before blocks; still read)
 
-(<doc> is the first 32 hex digits of SHA-256 of the document id.) The catalog is the log
-replayed in order; an entry is appended after the records it names are durable, so a crash
-leaves at worst unreferenced records. Records live under `<root>/blaise`, a RecordStore of
+(<doc> is the first 32 hex digits of SHA-256 of the document id.) A document is one batch of
+records (its blocks and its manifest: a few files, not one per section), then one log entry.
+The catalog is the log replayed in order; an entry is published after the records it names,
+so a crash of the process leaves at worst unreferenced records. Durability is the store's
+"deferred" mode by default: records are fsynced by its flusher within its window (1 s), so a
+power loss may lose the last adds, in any combination of records; every read is verified
+(the store's digest or tag, then the section's SHA-256 from the manifest), so a catalog entry
+that survived without its blocks is a miss (the sections are skipped), never a wrong byte.
+Before replaced or removed records are deleted, everything published is flushed, so a power
+loss never keeps the deletion without the entry that made it safe. Records live under `<root>/blaise`, a RecordStore of
 their own with no byte cap, so the KV budget (which evicts under `<root>/ns`) never touches
 text. Every read is verified by the store (digest, or AES-GCM tag with the tenant's key); a
 record that fails is a miss, and the caller skips it.
@@ -47,6 +57,8 @@ MODEL_FINGERPRINT = "blaise-text"
 POOL = "text"
 SCHEMA = 1
 MAX_SECTION_BYTES = 16 << 20
+BLOCK_BYTES = 64 << 10  # sections are packed into records of up to this many bytes
+MANIFEST_SCHEMA = 2  # 1: a record per section (still read); 2: blocks
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_LOG_BYTES = 1 << 20
 LOG_ENTRY_BYTES = 4096  # every catalog entry is padded to this size (see the module notes)
@@ -56,10 +68,12 @@ LOG_GAP_PROBE = 64  # missing log entries tolerated in a row (quarantined damage
 
 @dataclass(frozen=True, slots=True)
 class SectionRef:
-    start: int
+    start: int  # byte offsets into the document
     end: int
-    key: str
+    key: str  # the record holding the section's bytes (a block; schema 1: its own)
     headings: tuple[str, ...]
+    digest: str  # SHA-256 (hex) of the section's bytes
+    base: int  # the document offset at which that record's bytes start
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,25 +84,63 @@ class Manifest:
     sections: tuple[SectionRef, ...]
 
     def encode(self) -> bytes:
+        blocks: dict[tuple[int, str], int] = {}  # two blocks of equal bytes share a key
+        bounds: list[list] = []
+        sections = []
+        for s in self.sections:
+            number = blocks.get((s.base, s.key))
+            if number is None:
+                number = blocks[(s.base, s.key)] = len(bounds)
+                bounds.append([s.base, s.end, s.key])
+            bounds[number][1] = max(bounds[number][1], s.end)
+            sections.append([s.start, s.end, s.digest, list(s.headings), number])
         body = {
-            "schema": SCHEMA,
+            "schema": MANIFEST_SCHEMA,
             "doc_id": self.doc_id,
             "size": self.size,
             "sha256": self.sha256,
-            "sections": [[s.start, s.end, s.key, list(s.headings)] for s in self.sections],
+            "blocks": bounds,
+            "sections": sections,
         }
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
         body = json.loads(data)
-        if body.get("schema") != SCHEMA:
-            raise ValueError(f"unknown manifest schema {body.get('schema')!r}")
-        sections = tuple(
-            SectionRef(int(start), int(end), str(key), tuple(headings))
-            for start, end, key, headings in body["sections"]
-        )
+        schema = body.get("schema")
+        if schema == 1:
+            sections = tuple(
+                SectionRef(
+                    int(start), int(end), str(key), tuple(headings), str(key)[-64:], int(start)
+                )
+                for start, end, key, headings in body["sections"]
+            )
+        elif schema == MANIFEST_SCHEMA:
+            blocks = [(int(base), int(end), str(key)) for base, end, key in body["blocks"]]
+            sections = []
+            for start, end, digest, headings, number in body["sections"]:
+                base, block_end, key = blocks[int(number)]
+                if not base <= int(start) <= int(end) <= block_end:
+                    raise ValueError(f"section [{start}, {end}) outside its block")
+                sections.append(
+                    SectionRef(int(start), int(end), key, tuple(headings), str(digest), base)
+                )
+            sections = tuple(sections)
+        else:
+            raise ValueError(f"unknown manifest schema {schema!r}")
         return cls(str(body["doc_id"]), int(body["size"]), str(body["sha256"]), sections)
+
+
+def pack_blocks(bounds: list[tuple[int, int]], limit: int = BLOCK_BYTES) -> list[tuple[int, int]]:
+    """Consecutive sections ((start, end), in order, contiguous) packed greedily into blocks
+    of at most `limit` bytes; a section larger than that is a block alone."""
+    blocks: list[tuple[int, int]] = []
+    for start, end in bounds:
+        if blocks and end - blocks[-1][0] <= limit:
+            blocks[-1] = (blocks[-1][0], end)
+        else:
+            blocks.append((start, end))
+    return blocks
 
 
 def doc_prefix(doc_id: str) -> str:
@@ -96,7 +148,12 @@ def doc_prefix(doc_id: str) -> str:
 
 
 def section_key(doc_id: str, data: bytes) -> str:
+    """The key of a schema-1 section record (one record per section; no longer written)."""
     return f"s/{doc_prefix(doc_id)}/{hashlib.sha256(data).hexdigest()}"
+
+
+def block_key(doc_id: str, data: bytes) -> str:
+    return f"b/{doc_prefix(doc_id)}/{hashlib.sha256(data).hexdigest()}"
 
 
 def manifest_record(manifest: Manifest) -> tuple[str, bytes]:
@@ -125,12 +182,20 @@ def key_id(encryption_key_file: str, tenant: str) -> str:
 class TextRecords:
     """One tenant's Blaise records; the only module here that does I/O."""
 
-    def __init__(self, root: str, tenant: str, encryption_key_file: str | None = None):
+    def __init__(
+        self,
+        root: str,
+        tenant: str,
+        encryption_key_file: str | None = None,
+        durability: str = "deferred",
+    ):
+        # "deferred": fsynced by the store's flusher within its window, and before any
+        # deletion (sync); "fsync": durable before a put returns (one fsync per record)
         self.store = RecordStore(
             os.path.join(root, "blaise"),
             encryption_key_file=encryption_key_file,
             max_bytes=None,
-            durability="fsync",  # text cannot be recomputed: durable before a put returns
+            durability=durability,
         )
         geometry: dict = {"schema": SCHEMA}
         if encryption_key_file:
@@ -142,27 +207,40 @@ class TextRecords:
 
     # ------------------------------------------------------------------ sections
 
-    def put_sections(self, keys: list[str], chunks: list[bytes]) -> bool:
-        """Stores each chunk under its key (section_key), in one batch; False on failure."""
-        return all(self.store.put_many(self.namespace, keys, chunks)) if keys else True
+    def put_document(self, keys: list[str], datas: list) -> bool:
+        """Stores a document's blocks and its manifest (last) in one batch; False on failure."""
+        return all(self.store.put_many(self.namespace, keys, datas))
 
     def get_section(self, ref: SectionRef) -> bytes | None:
         """The section's verified bytes, or None if missing or damaged (or not matching)."""
-        data = self.store.get_bytes(self.namespace, ref.key, MAX_SECTION_BYTES)
-        if data is None or len(data) != ref.end - ref.start:
-            return None
-        if not ref.key.endswith("/" + hashlib.sha256(data).hexdigest()):
-            return None
-        return data
+        return self.get_sections([ref])[0]
 
-    def delete_section(self, ref: SectionRef) -> None:
-        self.store.delete(self.namespace, ref.key)
+    def get_sections(self, refs) -> list[bytes | None]:
+        """get_section for many, each record read (and verified by the store) once."""
+        blocks: dict[str, bytes | None] = {}
+        out: list[bytes | None] = []
+        for ref in refs:
+            if ref.key not in blocks:
+                blocks[ref.key] = self.store.get_bytes(self.namespace, ref.key, MAX_SECTION_BYTES)
+            block = blocks[ref.key]
+            data = None
+            if block is not None and ref.base <= ref.start <= ref.end <= ref.base + len(block):
+                data = block[ref.start - ref.base : ref.end - ref.base]
+                if hashlib.sha256(data).hexdigest() != ref.digest:
+                    data = None
+            out.append(data)
+        return out
+
+    def delete_record(self, key: str) -> None:
+        self.store.delete(self.namespace, key)
+
+    def sync(self) -> None:
+        """Makes every record published so far durable now (deferred durability's flush)."""
+        flusher = self.store.flusher
+        if flusher is not None:
+            flusher.flush()
 
     # ------------------------------------------------------------------ manifests
-
-    def put_manifest(self, key: str, data: bytes) -> bool:
-        """Stores a manifest (manifest_record's key and bytes)."""
-        return self.store.put(self.namespace, key, data)
 
     def get_manifest(self, key: str) -> Manifest | None:
         data = self.store.get_bytes(self.namespace, key, MAX_MANIFEST_BYTES)
@@ -173,9 +251,6 @@ class TextRecords:
         except (ValueError, KeyError, TypeError) as error:
             log.warning("blaise: manifest %s is unreadable: %s", key[:40], error)
             return None
-
-    def delete_manifest(self, key: str) -> None:
-        self.store.delete(self.namespace, key)
 
     # ------------------------------------------------------------------ catalog log
 
