@@ -33,6 +33,7 @@ TEMP_PREFIX = ".tmp-"
 TEMP_SUFFIX = ".part"
 NAMESPACE_FILE = "namespace.json"
 NAMESPACE_TEMP_SUFFIX = ".tmp"
+NAMESPACE_TEMP_STALE_S = 60.0
 STALE_TEMP_AGE_S = 24 * 3600.0
 _HEX64 = re.compile(r"^[0-9a-f]{64}$")
 
@@ -560,7 +561,7 @@ class StoreLayout:
         dir_fd = self.namespace_fd(dirname, recheck=True)  # a directory made again is taken
         if self.load_namespace(dirname) == namespace:
             return
-        temp_name = f"{NAMESPACE_FILE}.{os.getpid()}.{threading.get_ident()}{NAMESPACE_TEMP_SUFFIX}"
+        temp_name = f"{NAMESPACE_FILE}.{os.urandom(8).hex()}{NAMESPACE_TEMP_SUFFIX}"
         flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
         try:
             fd = os.open(temp_name, flags, 0o666, dir_fd=dir_fd)
@@ -578,7 +579,10 @@ class StoreLayout:
             os.fsync(ns_fd)
 
     def remove_stale_description_temps(self, dirname: str) -> int:
-        """Removes namespace.json temp files of writers that are gone (e.g. a full disk)."""
+        """Removes namespace.json temp files left by writers that are gone (e.g. a full disk).
+        Writing one takes milliseconds, so one older than NAMESPACE_TEMP_STALE_S is abandoned;
+        its name says nothing of its writer (a pid would not name a process of another pid
+        namespace)."""
         removed = 0
         try:
             with self._namespace_dir_fd(dirname) as dir_fd:
@@ -594,12 +598,12 @@ class StoreLayout:
                         and name.endswith(NAMESPACE_TEMP_SUFFIX)
                     ):
                         continue
-                    parts = name.split(".")
-                    pid = int(parts[2]) if len(parts) > 3 and parts[2].isdigit() else None
-                    if pid is None or not pid_alive(pid):
-                        with contextlib.suppress(OSError):
-                            os.unlink(name, dir_fd=dir_fd)
-                            removed += 1
+                    with contextlib.suppress(OSError):
+                        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                        if time.time() - info.st_mtime < NAMESPACE_TEMP_STALE_S:
+                            continue
+                        os.unlink(name, dir_fd=dir_fd)
+                        removed += 1
         except OSError:
             return removed
         return removed

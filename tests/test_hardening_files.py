@@ -411,6 +411,24 @@ def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback
     assert galahad("verify", "--root", root).returncode == 0
 
 
+def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(tmp_path):
+    """namespace.json temp files were named and judged by pid: a writer in another pid
+    namespace whose pid is dead here had its temp removed while writing it. Now a temp is
+    removed only when a minute old (writing one takes milliseconds), whatever its name."""
+    root = make_store(tmp_path)
+    directory = root / "ns" / ALICE.dirname
+    fresh = directory / "namespace.json.99999999999.1.tmp"  # a pid that is dead here
+    old = directory / "namespace.json.0123456789abcdef.tmp"
+    fresh.write_text("{}")
+    old.write_text("{}")
+    hour_ago = time.time() - 3600
+    os.utime(old, (hour_ago, hour_ago))
+    with RecordStore(str(root), durability="none") as store:
+        store.register_namespace(ALICE)
+    assert fresh.exists() and not old.exists()
+    assert not [p for p in directory.glob("namespace.json.*") if p not in (fresh,)]
+
+
 def _write_ledger(root: Path, committed: int, entries: list[tuple[bytes, int]]) -> None:
     raw = _HEAD.pack(MAGIC, committed, len(entries), 0)
     raw += b"".join(_ENTRY.pack(token, reserved) for token, reserved in entries)
