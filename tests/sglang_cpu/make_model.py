@@ -6,6 +6,7 @@
 #   python tests/sglang_cpu/make_model.py --arch llama --size tiny --out DIR
 #   python tests/sglang_cpu/make_model.py --arch llama --size demo --out DIR
 #   python tests/sglang_cpu/make_model.py --arch qwen3-next --size tiny --out DIR   (hybrid)
+#   python tests/sglang_cpu/make_model.py --arch deepseek-mla --size tiny --out DIR (MLA)
 #
 # Deterministic for a given --seed: the tokenizer corpus is generated from a seeded RNG and the
 # weights come from torch.manual_seed(seed). New architectures are added by writing one builder
@@ -276,9 +277,113 @@ def build_qwen3_next(size: str, out: Path, seed: int, dtype: str | None = None) 
     }
 
 
+@dataclass(frozen=True)
+class DeepseekMlaSize:
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_hidden_layers: int
+    num_attention_heads: int
+    kv_lora_rank: int
+    qk_nope_head_dim: int
+    qk_rope_head_dim: int
+    v_head_dim: int
+    max_position_embeddings: int
+    dtype: str
+
+
+DEEPSEEK_MLA_SIZES = {
+    # 2 dense layers (first_k_dense_replace = layers: no MoE layer, so none of SGLang's MoE
+    # kernels is reached), 4 heads, latent KV of 32 + a rope part of 16 per token and layer
+    # (MLA: one copy shared by every TP rank), no q LoRA; fp32.
+    "tiny": DeepseekMlaSize(512, 64, 128, 2, 4, 32, 16, 16, 16, 4096, "float32"),
+}
+
+
+def build_deepseek_mla(size: str, out: Path, seed: int, dtype: str | None = None) -> dict:
+    """A random-init DeepSeek-V3 (multi-head latent attention), transformers' classes.
+
+    SGLang's CPU rotary embedding exists only for ``deepseek_yarn`` ("Only deepseek_yarn is
+    supported for CPU for now"; SGLang renames any rope scaling of a DeepSeek model to it), so
+    the model carries a YaRN scaling of factor 1 (mscale 1): the same frequencies as plain
+    RoPE, with SGLang's DeepseekScalingRotaryEmbedding. Every layer is dense (no MoE).
+    """
+    import torch
+    from transformers import DeepseekV3Config, DeepseekV3ForCausalLM
+
+    spec = DEEPSEEK_MLA_SIZES[size]
+    if dtype is not None:
+        spec = replace(spec, dtype=dtype)
+    tokenizer = train_tokenizer(spec.vocab_size, seed)
+    rope = {
+        "rope_type": "yarn",
+        "rope_theta": 10000.0,
+        "factor": 1.0,
+        "original_max_position_embeddings": spec.max_position_embeddings,
+        "beta_fast": 32.0,
+        "beta_slow": 1.0,
+        "mscale": 1.0,
+        "mscale_all_dim": 1.0,
+    }
+    config = DeepseekV3Config(
+        vocab_size=len(tokenizer),
+        hidden_size=spec.hidden_size,
+        intermediate_size=spec.intermediate_size,
+        moe_intermediate_size=spec.intermediate_size // 2,
+        num_hidden_layers=spec.num_hidden_layers,
+        num_attention_heads=spec.num_attention_heads,
+        num_key_value_heads=spec.num_attention_heads,
+        n_shared_experts=1,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        n_group=1,
+        topk_group=1,
+        first_k_dense_replace=spec.num_hidden_layers,
+        kv_lora_rank=spec.kv_lora_rank,
+        q_lora_rank=None,
+        qk_nope_head_dim=spec.qk_nope_head_dim,
+        qk_rope_head_dim=spec.qk_rope_head_dim,
+        v_head_dim=spec.v_head_dim,
+        max_position_embeddings=spec.max_position_embeddings,
+        rms_norm_eps=1e-6,
+        rope_parameters=rope,
+        rope_interleave=True,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    torch_dtype = getattr(torch, spec.dtype)
+    torch.manual_seed(seed)
+    model = DeepseekV3ForCausalLM(config).to(torch_dtype).eval()
+    model.config.dtype = torch_dtype
+    model.generation_config.bos_token_id = tokenizer.bos_token_id
+    model.generation_config.eos_token_id = tokenizer.eos_token_id
+    model.generation_config.pad_token_id = tokenizer.pad_token_id
+    model.save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    config_path = out / "config.json"
+    saved = json.loads(config_path.read_text())
+    saved.setdefault("rope_scaling", rope)  # also where older readers look
+    saved.setdefault("rope_theta", rope["rope_theta"])
+    saved.setdefault("moe_layer_freq", 1)  # SGLang reads it; transformers' config has none
+    config_path.write_text(json.dumps(saved, indent=2, sort_keys=True) + "\n")
+    params = sum(p.numel() for p in model.parameters())
+    return {
+        "arch": "deepseek-mla",
+        "size": size,
+        "seed": seed,
+        "params": params,
+        "dtype": spec.dtype,
+        "kv_lora_rank": spec.kv_lora_rank,
+        "qk_rope_head_dim": spec.qk_rope_head_dim,
+    }
+
+
 ARCHES: dict[str, tuple[Callable[..., dict], tuple[str, ...]]] = {
     "llama": (build_llama, tuple(LLAMA_SIZES)),
     "qwen3-next": (build_qwen3_next, tuple(QWEN3_NEXT_SIZES)),
+    "deepseek-mla": (build_deepseek_mla, tuple(DEEPSEEK_MLA_SIZES)),
 }
 
 

@@ -216,3 +216,67 @@ def test_run_script_sets_passive_openmp_wait_unless_given(given, expected):
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.strip().splitlines()[-1] == repr(expected)
+
+
+def _harness_env_of(args, env_update=None, drop=(), tmp_config=None):
+    """The variables `run` exports for a command line with `args` (the command is a python
+    that prints them)."""
+    env = dict(os.environ, SGLANG_CPU_PYTHON=sys.executable)
+    for name in ("SGLANG_NCCL_SO_PATH", "SGLANG_CPU_OMP_THREADS_BIND", "TORCHDYNAMO_DISABLE",
+                 "SGLANG_CPU_TEST_PATCHES", "SGLANG_CPU_TEST_MLA", "SGLANG_CPU_TEST_HYBRID",
+                 *drop):  # fmt: skip
+        env.pop(name, None)
+    env.update(env_update or {})
+    names = ["SGLANG_NCCL_SO_PATH", "SGLANG_CPU_OMP_THREADS_BIND", "TORCHDYNAMO_DISABLE",
+             "SGLANG_CPU_TEST_PATCHES", "SGLANG_CPU_TEST_MLA"]  # fmt: skip
+    script = f"import json, os; print(json.dumps({{n: os.environ.get(n) for n in {names!r}}}))"
+    proc = subprocess.run(
+        [str(HARNESS_DIR / "run"), sys.executable, "-c", script, *args],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import json
+
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+@pytest.mark.parametrize("args", [["--tp-size", "2"], ["--tp=2"], ["--dp-size", "2"]])
+def test_run_script_sets_what_more_than_one_rank_needs(args):
+    """A server of more than one rank on CPU needs NCCL off (the CUDA torch's libnccl would make
+    SGLang build a PyNcclCommunicator on CPU), one OpenMP CPU group per rank (else SGLang
+    asserts the ranks fit the NUMA nodes) and no inductor build at the first request
+    (README.md, "More than one rank")."""
+    seen = _harness_env_of(args)
+    assert seen["SGLANG_NCCL_SO_PATH"] and not os.path.exists(seen["SGLANG_NCCL_SO_PATH"])
+    groups = seen["SGLANG_CPU_OMP_THREADS_BIND"].split("|")
+    assert len(groups) == 2 and all(groups), seen
+    cpus = sorted(os.sched_getaffinity(0))
+    if len(cpus) >= 2:  # disjoint groups covering every CPU
+        flat = [int(c) for group in groups for c in group.split(",")]
+        assert sorted(flat) == cpus, seen
+    assert seen["TORCHDYNAMO_DISABLE"] == "1"
+
+
+def test_run_script_leaves_one_rank_and_given_values_alone():
+    one = _harness_env_of(["--tp-size", "1"])
+    assert one["SGLANG_NCCL_SO_PATH"] is None
+    assert one["SGLANG_CPU_OMP_THREADS_BIND"] is None and one["TORCHDYNAMO_DISABLE"] is None
+    given = {"SGLANG_NCCL_SO_PATH": "/x.so", "SGLANG_CPU_OMP_THREADS_BIND": "0|0",
+             "TORCHDYNAMO_DISABLE": ""}  # fmt: skip
+    assert {k: v for k, v in _harness_env_of(["--tp", "2"], given).items() if k in given} == given
+    four = _harness_env_of(["--tp", "2", "--dp-size=2"])
+    assert len(four["SGLANG_CPU_OMP_THREADS_BIND"].split("|")) == 4
+
+
+def test_run_script_adds_the_mla_patch_for_a_deepseek_model(tmp_path):
+    (tmp_path / "config.json").write_text('{"architectures": ["DeepseekV3ForCausalLM"]}')
+    seen = _harness_env_of(["--model-path", str(tmp_path)])
+    assert seen["SGLANG_CPU_TEST_MLA"] == "1"
+    assert "mla_torch_native" in seen["SGLANG_CPU_TEST_PATCHES"].split(",")
+    (tmp_path / "config.json").write_text('{"architectures": ["LlamaForCausalLM"]}')
+    seen = _harness_env_of(["--model-path", str(tmp_path)])
+    assert seen["SGLANG_CPU_TEST_MLA"] == "0"
+    assert "mla_torch_native" not in seen["SGLANG_CPU_TEST_PATCHES"].split(",")
