@@ -574,7 +574,11 @@ def baseline_chunks(docs, count) -> list[str]:
 def run_baseline(docs, facts, tokenizer) -> Run:
     chunks = baseline_chunks(docs, tokenizer.count)
     plain = RankParams(
-        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0
+        heading_weight=0.0,
+        sentence_weight=0.0,
+        answer_weight=0.0,
+        attribute_weight=0.0,
+        subject=False,
     )
     ranker = Ranker(plain)
     for index, chunk in enumerate(chunks):
@@ -655,14 +659,18 @@ def run_version(articles, tokenizer, name: str, seeds: int, repeats: int, show_m
     return rows
 
 
+_OFF = {"subject": False}
 ABLATIONS = {
     "BM25 (stemmed, stop words out)": RankParams(
-        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0
+        heading_weight=0.0, sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0, **_OFF
     ),
-    "+ heading path x2": RankParams(sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0),
-    "+ best sentence": RankParams(answer_weight=0.0, attribute_weight=0.0),
-    "+ answer type": RankParams(attribute_weight=0.0),
-    "+ attributes (Blaise)": RankParams(),
+    "+ heading path x2": RankParams(
+        sentence_weight=0.0, answer_weight=0.0, attribute_weight=0.0, **_OFF
+    ),
+    "+ best sentence": RankParams(answer_weight=0.0, attribute_weight=0.0, **_OFF),
+    "+ answer type": RankParams(attribute_weight=0.0, **_OFF),
+    "+ attributes": RankParams(**_OFF),
+    "+ subject (Blaise)": RankParams(),
 }
 
 

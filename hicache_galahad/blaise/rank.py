@@ -59,6 +59,7 @@ class RankParams:
     answer_weight: float = 0.5  # times the question's total IDF
     attribute_weight: float = 0.5  # times the IDF of the question terms in the best sentence
     candidates: int = 12  # sections whose sentences are scored
+    subject: bool = True  # candidates hold the most of the question's names (see search)
 
 
 _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
@@ -74,6 +75,7 @@ _STOP, _CUT, _NEW = -1, -2, -(2**31)  # codes besides word ids; <= -3: a run of 
 # answer types that are not measurable attributes (a person, a place, a date)
 _NOT_ATTRIBUTES = (answer.AnswerType.PERSON, answer.AnswerType.PLACE, answer.AnswerType.YEAR)
 _CAPITALIZED = re.compile(r"(?<!^)(?<![.!?] )\b[A-Z]\w*")
+_NAMED = re.compile(r"(?<!^)(?<![.!?] )(?<![.!?])\b[A-Z][\w'-]*")  # a name in a question
 
 
 def _common_words(text: str) -> str:
@@ -397,6 +399,8 @@ class Ranker:
         hit = np.flatnonzero(tf.any(axis=1))
         if not len(hit):
             return []
+        if params.subject:
+            hit = self._about_subject(question, terms, tf, idf, hit)
         ranked = sorted(
             zip(corpus.ids[hit].tolist(), scores[hit].tolist(), strict=True),
             key=lambda kv: (-kv[1], kv[0]),
@@ -430,6 +434,20 @@ class Ranker:
             fused.append((section, total))
         fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
+
+    def _about_subject(self, question, terms, tf, idf, hit) -> np.ndarray:
+        """The sections of `hit` that hold the most (by IDF) of the question's subject: its
+        capitalised words after the first (names: "the Quorvane Bridge", "Lake Ennis"), those
+        the corpus has. A question names what it asks about; a section without that name (a
+        near name, another entity with the same value, the question's words elsewhere) is
+        not about it, however many of the other words it shares."""
+        named = set(self.analyzer.terms(" ".join(_NAMED.findall(question))))
+        columns = [j for j, term in enumerate(terms) if term in named and idf[term] > 0]
+        if not columns:
+            return hit
+        weights = np.array([idf[terms[j]] for j in columns])
+        coverage = (tf[hit][:, columns] > 0) @ weights
+        return hit[coverage >= coverage.max() - 1e-9]
 
     def _best_sentence(self, indexed: _Indexed, stem_of: dict[int, str], idf: dict[str, float]):
         """BM25 of the section's best sentence for the question (`stem_of`: the question's
