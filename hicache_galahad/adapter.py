@@ -26,8 +26,8 @@ from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_h
 
 from .binding import KV, Binder, server_args
 from .config import parse_options
+from .config.fingerprint import resolve_fingerprint
 from .exporter import Exporter
-from .fingerprint import resolve_fingerprint
 from .metrics import Counters, RateLimitedLog
 from .store import RecordStore
 from .transfer import PageTransfer, exact_page_bytes, flat_target

@@ -27,8 +27,8 @@ import sys
 from pathlib import Path
 
 from . import ops
+from .config.fingerprint import fingerprint_model_dir
 from .errors import GalahadError
-from .fingerprint import fingerprint_model_dir
 from .store import RecordStore
 from .units import parse_bytes
 

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import threading
 
+from .config.mooncake import MooncakeOptions
 from .metrics import RateLimitedLog
 from .mooncake_counts import TierCounts
-from .mooncake_options import MooncakeOptions
 
 RPC_FAIL = -900  # Mooncake: the master is unreachable
 NO_SPACE = -200  # Mooncake: no segment has room

@@ -29,11 +29,11 @@ from __future__ import annotations
 import logging
 import time
 
+from .config.mooncake import MooncakeConfigError, MooncakeOptions
 from .metrics import RateLimitedLog
 from .mooncake_connection import MooncakeConnection
 from .mooncake_counts import COUNTER_NAMES, TierCounts
 from .mooncake_integrity import ValueTag, load_integrity_key
-from .mooncake_options import MooncakeConfigError, MooncakeOptions
 from .mooncake_reads import BoundedReads
 from .mooncake_writes import WriteBehind
 

@@ -32,10 +32,10 @@ import threading
 import time
 
 from . import format as fmt
+from .config.mooncake import NO_SHARED_KEY
 from .errors import ConfigError
 from .metrics import RateLimitedLog
 from .mooncake_integrity import TAG_BYTES
-from .mooncake_options import NO_SHARED_KEY
 from .namespace import Namespace
 from .store import RecordStore
 

@@ -323,7 +323,7 @@ def test_gc_applies_a_budget_now(tmp_path):
 
 
 def test_fingerprint_prints_what_the_backend_computes(tmp_path):
-    from hicache_galahad.fingerprint import fingerprint_model_dir
+    from hicache_galahad.config.fingerprint import fingerprint_model_dir
 
     model = tmp_path / "model"
     model.mkdir()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from hicache_galahad.cli import build_parser
 from hicache_galahad.config import EXTRA_CONFIG_KEYS, SGLANG_KEYS
-from hicache_galahad.mooncake_options import MooncakeOptions
+from hicache_galahad.config.mooncake import MooncakeOptions
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md").read_text()
 

@@ -14,7 +14,7 @@ import hashlib
 import os
 import struct
 
-from .errors import FingerprintError
+from ..errors import FingerprintError
 
 WEIGHT_SUFFIXES = (".safetensors", ".bin", ".pt", ".pth", ".gguf", ".ckpt", ".npz")
 SAMPLE_BLOCKS = 16

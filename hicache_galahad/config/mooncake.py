@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
-from .units import parse_bytes
+from ..units import parse_bytes
 
 MIB = 1 << 20
 PROTOCOLS = ("tcp", "rdma")

@@ -11,9 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .mooncake_options import NO_SHARED_KEY, MooncakeConfigError, MooncakeOptions
-from .units import parse_bytes
+from ..errors import ConfigError
+from ..units import parse_bytes
+from .mooncake import NO_SHARED_KEY, MooncakeConfigError, MooncakeOptions
 
 # Keys SGLang reads (and keeps or pops) itself; we accept and ignore them.
 SGLANG_KEYS = frozenset(
