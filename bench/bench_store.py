@@ -26,7 +26,7 @@ import zstandard
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from hicache_galahad.namespace import Namespace  # noqa: E402
+from hicache_galahad.record.namespace import Namespace  # noqa: E402
 from hicache_galahad.store import RecordStore  # noqa: E402
 
 

@@ -23,7 +23,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench.bench_store import machine  # noqa: E402
 from bench.cold_cache import drop_cache, plain_read  # noqa: E402
-from hicache_galahad.namespace import Namespace  # noqa: E402
+from hicache_galahad.record.namespace import Namespace  # noqa: E402
 from hicache_galahad.store import RecordStore  # noqa: E402
 
 RECORD_BYTES = 8 << 20

@@ -18,7 +18,7 @@ def __getattr__(name):
 
         return RecordStore
     if name == "Namespace":
-        from .namespace import Namespace
+        from .record.namespace import Namespace
 
         return Namespace
     raise AttributeError(f"module 'hicache_galahad' has no attribute {name!r}")

@@ -26,7 +26,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from .errors import ConfigError
-from .namespace import Namespace
+from .record.namespace import Namespace
 
 RECORD_SUFFIX = ".rec"
 TEMP_PREFIX = ".tmp-"

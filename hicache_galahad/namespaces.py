@@ -16,7 +16,7 @@ import time
 from .errors import ConfigError
 from .layout import StoreLayout
 from .metrics import Counters, RateLimitedLog
-from .namespace import Namespace
+from .record.namespace import Namespace
 
 DESCRIPTION_CHECK_INTERVAL_S = 60.0
 

@@ -31,12 +31,12 @@ import logging
 import threading
 import time
 
-from . import format as fmt
 from .config.mooncake import NO_SHARED_KEY
 from .errors import ConfigError
 from .metrics import RateLimitedLog
 from .mooncake_integrity import TAG_BYTES
-from .namespace import Namespace
+from .record import format as fmt
+from .record.namespace import Namespace
 from .store import RecordStore
 
 log = logging.getLogger("hicache_galahad")

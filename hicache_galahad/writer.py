@@ -19,15 +19,15 @@ import errno
 import os
 from dataclasses import dataclass
 
-from . import format as fmt
 from .budget import Budget
-from .codec import RecordCodec
 from .eviction import LruIndex
 from .layout import StoreLayout, record_filename
 from .metrics import Counters, RateLimitedLog
-from .namespace import Namespace
 from .quarantine import Quarantine
 from .reader import RecordReader, open_record
+from .record import format as fmt
+from .record.codec import RecordCodec
+from .record.namespace import Namespace
 
 IOV_MAX = 1024
 STAGE_BATCH = 32  # records written, then fsynced together (temp files open at once)

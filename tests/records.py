@@ -18,7 +18,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from hicache_galahad.layout import TEMP_PREFIX, record_filename
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 
 # ----------------------------------------------------------------------------- where records lie
 

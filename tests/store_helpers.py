@@ -19,8 +19,8 @@ import signal
 import subprocess
 import sys
 
-from hicache_galahad import format as fmt
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 TESTS_DIR = os.path.dirname(os.path.abspath(__file__))

@@ -14,7 +14,7 @@ from records import flip_byte, record_path, write_key_file
 
 from hicache_galahad.blaise import Blaise, compose
 from hicache_galahad.blaise.records import MODEL_FINGERPRINT, POOL, SCHEMA
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 HARBOUR = """# Harbour

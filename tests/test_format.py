@@ -15,9 +15,9 @@ import zstandard
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hicache_galahad import format as fmt
-from hicache_galahad.crypto import RecordCipher, derive_tenant_key
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.crypto import RecordCipher, derive_tenant_key
+from hicache_galahad.record.namespace import Namespace
 
 DOC = Path(__file__).resolve().parent.parent / "docs" / "FORMAT.md"
 NAMESPACE = Namespace("example-tenant", "example-model", "kv", {"page_size": 4})

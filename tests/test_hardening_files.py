@@ -25,11 +25,11 @@ from pathlib import Path
 import pytest
 
 from hicache_galahad import cli, ops
-from hicache_galahad import format as fmt
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.layout import record_filename
 from hicache_galahad.ledger import _ENTRY, _HEAD, MAGIC
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -108,7 +108,7 @@ def snapshot(directory: Path) -> dict:
 # ledger says and what the disk holds.
 OPEN_AND_PUT = """
 import json, sys
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 ns = Namespace("alice", "model", "kv", {"page_bytes": 4096})
 with RecordStore(sys.argv[1], durability="none") as store:
@@ -351,7 +351,7 @@ def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch
 # before the store exists, so it runs after the store's own exit hooks (atexit is LIFO).
 EXIT_WITHOUT_CLOSE = """
 import atexit, json, sys, threading, time
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 held = {}
 atexit.register(lambda: print(json.dumps(held["store"].counters.snapshot())))

@@ -18,10 +18,10 @@ import pytest
 import xxhash
 import zstandard
 
-from hicache_galahad import format as fmt
 from hicache_galahad import ops
 from hicache_galahad.layout import StoreLayout, record_filename
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -151,7 +151,7 @@ def test_a_link_found_by_the_description_check_is_a_warning_not_an_exception(tmp
 
 SERVER = """
 import json, sys, time
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 root, keys, seconds = sys.argv[1], json.loads(sys.argv[2]), float(sys.argv[3])
 namespace = Namespace("alice", "model", "kv", {"page_bytes": 4096})

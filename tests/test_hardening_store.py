@@ -18,12 +18,12 @@ from pathlib import Path
 import pytest
 
 from hicache_galahad import accounting, namespaces
-from hicache_galahad import format as fmt
 from hicache_galahad.config import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.layout import record_filename
 from hicache_galahad.ledger import _HEAD, MAGIC
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 REPO_ROOT = Path(__file__).resolve().parent.parent

@@ -23,8 +23,8 @@ from records import chain_keys, pool_records
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang_pools import create_galahad, mamba_pool, mha_pool, page_bytes, slots_of, transfer
 
-from hicache_galahad import format as fmt
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.tiered import shared_key
 
 pytestmark = pytest.mark.slow

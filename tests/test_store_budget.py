@@ -11,7 +11,7 @@ import time
 from records import record_files, record_path, store_disk_bytes, temp_files
 from store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
-from hicache_galahad import format as fmt
+from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore
 
 

@@ -14,7 +14,7 @@ import pytest
 from records import flip_byte, record_path, write_key_file
 
 from hicache_galahad import reader as reader_module
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 NS = Namespace("tenant", "model", "kv", {"page_bytes": 32768})

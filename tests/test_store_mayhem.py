@@ -18,9 +18,9 @@ import pytest
 from records import quarantine_files, record_path, temp_files, write_key_file
 from store_helpers import NS_A, checked_get, content, dead_pid, header_of, hex_key, stop
 
-from hicache_galahad import format as fmt
-from hicache_galahad.crypto import KeyFileError
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.crypto import KeyFileError
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore, record_filename
 
 MODES = {

@@ -8,7 +8,7 @@ import os
 import pytest
 from records import flip_byte, record_files, record_path, write_key_file
 
-from hicache_galahad.namespace import Namespace
+from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
 NS = Namespace("tenant", "model", "kv", {"page_bytes": 4096})

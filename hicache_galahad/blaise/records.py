@@ -47,8 +47,8 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ..crypto import derive_tenant_key, load_master_key
-from ..namespace import Namespace
+from ..record.crypto import derive_tenant_key, load_master_key
+from ..record.namespace import Namespace
 from ..store import RecordStore
 
 log = logging.getLogger(__name__)

@@ -16,7 +16,7 @@ from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from .errors import KeyFileError
+from ..errors import KeyFileError
 
 MASTER_KEY_BYTES = 32
 _HKDF_SALT = b"hicache-galahad/record-key/v1"

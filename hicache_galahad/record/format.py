@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from .errors import FormatError
+from ..errors import FormatError
 
 MAGIC = b"GALAHAD\x00"
 FORMAT_VERSION = 1
