@@ -20,8 +20,8 @@ from .eviction import LruIndex
 from .layout import StoreLayout, is_record_name, temp_is_stale
 from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
 from .lifetime import retire
-from .metrics import Counters, RateLimitedLog
 from .quarantine import Quarantine
+from .telemetry.metrics import Counters, RateLimitedLog
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
 RECLAIM_INTERVAL_S = 1.0

@@ -27,9 +27,9 @@ from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_h
 from .binding import KV, Binder, server_args
 from .config import parse_options
 from .config.fingerprint import resolve_fingerprint
-from .exporter import Exporter
-from .metrics import Counters, RateLimitedLog
 from .store import RecordStore
+from .telemetry.exporter import Exporter
+from .telemetry.metrics import Counters, RateLimitedLog
 from .transfer import PageTransfer, exact_page_bytes, flat_target
 
 log = logging.getLogger("hicache_galahad")

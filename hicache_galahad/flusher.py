@@ -19,7 +19,7 @@ import weakref
 from concurrent.futures import ThreadPoolExecutor
 
 from .layout import NotRegularFileError, fsync_dir, open_regular
-from .metrics import Counters, RateLimitedLog
+from .telemetry.metrics import Counters, RateLimitedLog
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together

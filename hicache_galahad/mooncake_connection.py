@@ -19,8 +19,8 @@ import sys
 import threading
 
 from .config.mooncake import MooncakeOptions
-from .metrics import RateLimitedLog
 from .mooncake_counts import TierCounts
+from .telemetry.metrics import RateLimitedLog
 
 RPC_FAIL = -900  # Mooncake: the master is unreachable
 NO_SPACE = -200  # Mooncake: no segment has room

@@ -30,12 +30,12 @@ import logging
 import time
 
 from .config.mooncake import MooncakeConfigError, MooncakeOptions
-from .metrics import RateLimitedLog
 from .mooncake_connection import MooncakeConnection
 from .mooncake_counts import COUNTER_NAMES, TierCounts
 from .mooncake_integrity import ValueTag, load_integrity_key
 from .mooncake_reads import BoundedReads
 from .mooncake_writes import WriteBehind
+from .telemetry.metrics import RateLimitedLog
 
 __all__ = ["MooncakeConfigError", "MooncakeOptions", "MooncakeTier", "COUNTER_NAMES"]
 

@@ -13,10 +13,10 @@ import collections
 import threading
 import time
 
-from .metrics import RateLimitedLog
 from .mooncake_buffers import RegisteredBuffer, aligned
 from .mooncake_connection import NO_SPACE, NOT_FOUND, RPC_FAIL, MooncakeConnection
 from .mooncake_counts import TierCounts
+from .telemetry.metrics import RateLimitedLog
 
 _MAX_PUT_BATCH = 256
 

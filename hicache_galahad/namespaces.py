@@ -15,8 +15,8 @@ import time
 
 from .errors import ConfigError
 from .layout import StoreLayout
-from .metrics import Counters, RateLimitedLog
 from .record.namespace import Namespace
+from .telemetry.metrics import Counters, RateLimitedLog
 
 DESCRIPTION_CHECK_INTERVAL_S = 60.0
 

@@ -17,7 +17,7 @@ import time
 from .eviction import LruIndex
 from .layout import StoreLayout, accounted_bytes
 from .ledger import Ledger
-from .metrics import Counters
+from .telemetry.metrics import Counters
 
 QUARANTINE_KEEP_FILES = 32
 

@@ -33,11 +33,11 @@ import time
 
 from .config.mooncake import NO_SHARED_KEY
 from .errors import ConfigError
-from .metrics import RateLimitedLog
 from .mooncake_integrity import TAG_BYTES
 from .record import format as fmt
 from .record.namespace import Namespace
 from .store import RecordStore
+from .telemetry.metrics import RateLimitedLog
 
 log = logging.getLogger("hicache_galahad")
 KEY_PREFIX = "galahad"

@@ -312,7 +312,7 @@ def test_a_record_replaced_by_a_fifo_in_the_flush_window_never_blocks_the_flushe
 def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch):
     """An fsync stuck in the kernel (a dead disk) cannot be made for real: injected."""
     from hicache_galahad.flusher import Flusher
-    from hicache_galahad.metrics import Counters
+    from hicache_galahad.telemetry.metrics import Counters
 
     (tmp_path / "a.rec").write_bytes(b"x")
     release = threading.Event()
