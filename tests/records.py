@@ -17,8 +17,8 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from hicache_galahad.layout import TEMP_PREFIX, record_filename
 from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store.layout import TEMP_PREFIX, record_filename
 
 # ----------------------------------------------------------------------------- where records lie
 

@@ -92,7 +92,7 @@ def code_modules() -> list[str]:
 
 
 def short_name(path: str) -> str:
-    """hicache_galahad/store.py -> store; hicache_galahad/blaise/cli.py -> blaise/cli;
+    """hicache_galahad/store/record_store.py -> store; hicache_galahad/blaise/cli.py -> blaise/cli;
     checkpoint/hits.py -> checkpoint/hits; a package's __init__.py -> the package."""
     parts = path.removesuffix(".py").split("/")
     if parts[-1] == "__init__":

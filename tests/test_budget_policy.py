@@ -6,8 +6,8 @@ import errno
 
 import pytest
 
-from hicache_galahad.budget import Budget
-from hicache_galahad.eviction import LruIndex
+from hicache_galahad.store.budget import Budget
+from hicache_galahad.store.eviction import LruIndex
 
 
 class FakeLedger:

@@ -15,7 +15,7 @@ import pytest
 import requests
 from records import pool_records
 
-from hicache_galahad import lifetime
+from hicache_galahad.store import lifetime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

@@ -1,6 +1,6 @@
 """LruIndex: least recently used first; a touched chain keeps its head longest."""
 
-from hicache_galahad.eviction import LruIndex
+from hicache_galahad.store.eviction import LruIndex
 
 
 def drain(index: LruIndex) -> list:

@@ -202,7 +202,7 @@ def test_V15_decompression():
 
 @pytest.mark.parametrize("kind", ["symlink", "fifo", "directory"])
 def test_V0_only_regular_files_are_records(tmp_path, kind):
-    from hicache_galahad.reader import open_record
+    from hicache_galahad.store.reader import open_record
 
     path = tmp_path / "0".zfill(64)
     target = tmp_path / "elsewhere"

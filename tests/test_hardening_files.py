@@ -26,11 +26,11 @@ import pytest
 
 from hicache_galahad import cli, ops
 from hicache_galahad.errors import ConfigError
-from hicache_galahad.layout import record_filename
-from hicache_galahad.ledger import _ENTRY, _HEAD, MAGIC
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.layout import record_filename
+from hicache_galahad.store.ledger import _ENTRY, _HEAD, MAGIC
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
@@ -311,7 +311,7 @@ def test_a_record_replaced_by_a_fifo_in_the_flush_window_never_blocks_the_flushe
 
 def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch):
     """An fsync stuck in the kernel (a dead disk) cannot be made for real: injected."""
-    from hicache_galahad.flusher import Flusher
+    from hicache_galahad.store.flusher import Flusher
     from hicache_galahad.telemetry.metrics import Counters
 
     (tmp_path / "a.rec").write_bytes(b"x")

@@ -19,10 +19,10 @@ import xxhash
 import zstandard
 
 from hicache_galahad import ops
-from hicache_galahad.layout import StoreLayout, record_filename
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.layout import StoreLayout, record_filename
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 PAGE = 4096
@@ -210,7 +210,7 @@ def test_records_read_all_the_time_are_not_purged_as_unused(tmp_path):
 def test_the_time_of_last_use_is_set_at_most_once_an_interval(tmp_path, monkeypatch):
     """One futimens per record per RECENCY_INTERVAL_S: reads within the interval leave the
     time alone, the first read after it sets it again (and purge --older-than then keeps it)."""
-    from hicache_galahad import reader
+    from hicache_galahad.store import reader
 
     monkeypatch.setattr(reader, "RECENCY_INTERVAL_S", 0.5, raising=False)
     root = tmp_path / "store"

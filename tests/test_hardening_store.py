@@ -17,14 +17,13 @@ from pathlib import Path
 
 import pytest
 
-from hicache_galahad import accounting, namespaces
 from hicache_galahad.config import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
-from hicache_galahad.layout import record_filename
-from hicache_galahad.ledger import _HEAD, MAGIC
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
+from hicache_galahad.store import RecordStore, accounting, namespaces
+from hicache_galahad.store.layout import record_filename
+from hicache_galahad.store.ledger import _HEAD, MAGIC
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})

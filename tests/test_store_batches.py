@@ -3,7 +3,7 @@ larger, STAGE_BATCH_MAX_BYTES of them (a batch's encoded records are held togeth
 
 from __future__ import annotations
 
-from hicache_galahad.writer import STAGE_BATCH, STAGE_BATCH_MAX_BYTES, _batches
+from hicache_galahad.store.writer import STAGE_BATCH, STAGE_BATCH_MAX_BYTES, _batches
 
 KIB, MIB = 1024, 1024 * 1024
 

@@ -13,9 +13,9 @@ import time
 import pytest
 from records import flip_byte, record_path, write_key_file
 
-from hicache_galahad import reader as reader_module
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store import reader as reader_module
 
 NS = Namespace("tenant", "model", "kv", {"page_bytes": 32768})
 PAGES = [bytes([index]) * 32768 for index in range(8)]

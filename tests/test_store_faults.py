@@ -18,8 +18,8 @@ from records import (
 )
 from store_helpers import NS_A, checked_get, content
 
-from hicache_galahad import reader as reader_module
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store import reader as reader_module
 
 MODES = {
     "plain": {},

@@ -21,7 +21,8 @@ from store_helpers import NS_A, checked_get, content, dead_pid, header_of, hex_k
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.crypto import KeyFileError
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, record_filename
+from hicache_galahad.store import RecordStore
+from hicache_galahad.store.layout import record_filename
 
 MODES = {
     "plain": {"compression": "none", "encrypted": False},

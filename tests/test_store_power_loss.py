@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 from store_helpers import NS_A, content
 
-from hicache_galahad.layout import record_filename
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.layout import record_filename
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 SIZE = 48 * 1024

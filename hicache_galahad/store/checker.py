@@ -14,10 +14,10 @@ from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
+from ..record import format as fmt
 from .layout import FileEntry, StoreLayout, temp_is_stale
 from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
 from .reader import RecordReader, reader_may_be_wrong
-from .record import format as fmt
 
 
 @dataclass

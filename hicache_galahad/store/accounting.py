@@ -15,13 +15,13 @@ import os
 import threading
 import time
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .eviction import LruIndex
 from .layout import StoreLayout, is_record_name, temp_is_stale
 from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
 from .lifetime import retire
 from .quarantine import Quarantine
-from .telemetry.metrics import Counters, RateLimitedLog
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
 RECLAIM_INTERVAL_S = 1.0

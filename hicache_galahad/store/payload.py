@@ -11,7 +11,7 @@ import threading
 
 from cryptography.exceptions import InvalidTag
 
-from .record import format as fmt
+from ..record import format as fmt
 
 READ_CHUNK_BYTES = 1 << 20
 IOV_MAX = 1024

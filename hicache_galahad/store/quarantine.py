@@ -14,10 +14,10 @@ import os
 import threading
 import time
 
+from ..telemetry.metrics import Counters
 from .eviction import LruIndex
 from .layout import StoreLayout, accounted_bytes
 from .ledger import Ledger
-from .telemetry.metrics import Counters
 
 QUARANTINE_KEEP_FILES = 32
 

@@ -15,11 +15,11 @@ import time
 
 from cryptography.exceptions import InvalidTag
 
+from ..record import format as fmt
+from ..record.codec import RecordCodec
+from ..record.namespace import Namespace
 from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, record_filename
 from .payload import IOV_MAX, READ_CHUNK_BYTES, ScratchBuffers, read_plain_into, read_sealed_into
-from .record import format as fmt
-from .record.codec import RecordCodec
-from .record.namespace import Namespace
 
 # What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
 # symlink, a socket, a directory, a FIFO read with an offset).

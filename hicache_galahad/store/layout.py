@@ -25,8 +25,8 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from .errors import ConfigError
-from .record.namespace import Namespace
+from ..errors import ConfigError
+from ..record.namespace import Namespace
 
 RECORD_SUFFIX = ".rec"
 TEMP_PREFIX = ".tmp-"

@@ -30,20 +30,20 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
+from ..config import StoreOptions
+from ..record import format as fmt
+from ..record.codec import RecordCodec
+from ..record.crypto import load_master_key
+from ..record.namespace import Namespace
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
-from .config import StoreOptions
 from .flusher import Flusher
 from .layout import StoreLayout, record_filename
 from .lifetime import CounterFile
 from .namespaces import NamespaceRegistry
 from .reader import RecordReader, reader_may_be_wrong
-from .record import format as fmt
-from .record.codec import RecordCodec
-from .record.crypto import load_master_key
-from .record.namespace import Namespace
-from .telemetry.metrics import Counters, RateLimitedLog
 from .writer import RecordWriter
 
 log = logging.getLogger("hicache_galahad.store")

@@ -18,8 +18,8 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .layout import NotRegularFileError, fsync_dir, open_regular
-from .telemetry.metrics import Counters, RateLimitedLog
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together

@@ -19,15 +19,15 @@ import errno
 import os
 from dataclasses import dataclass
 
+from ..record import format as fmt
+from ..record.codec import RecordCodec
+from ..record.namespace import Namespace
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .budget import Budget
 from .eviction import LruIndex
 from .layout import StoreLayout, record_filename
 from .quarantine import Quarantine
 from .reader import RecordReader, open_record
-from .record import format as fmt
-from .record.codec import RecordCodec
-from .record.namespace import Namespace
-from .telemetry.metrics import Counters, RateLimitedLog
 
 IOV_MAX = 1024
 STAGE_BATCH = 32  # records written, then fsynced together (temp files open at once)

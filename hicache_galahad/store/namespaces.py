@@ -13,10 +13,10 @@ import os
 import threading
 import time
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..record.namespace import Namespace
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .layout import StoreLayout
-from .record.namespace import Namespace
-from .telemetry.metrics import Counters, RateLimitedLog
 
 DESCRIPTION_CHECK_INTERVAL_S = 60.0
 

@@ -1,0 +1,22 @@
+"""The local record store: one verified record file per page under `<root>/ns/`.
+
+`RecordStore` (record_store.py) is the public verbs over its parts: the root's layout and
+held directories (layout), the verified reads (reader, payload), the staged writes (writer,
+flusher), the byte cap (budget, eviction, ledger, accounting), damage moved aside
+(quarantine), `galahad verify` (checker), the namespaces served (namespaces) and the
+counters kept on disk (lifetime).
+
+No torch, no SGLang. Imports `record`, `telemetry`, `config` and the project's errors; never
+the tier, the SGLang backend or the operator's command. `RecordStore` is imported on first use,
+so that `import hicache_galahad.store.layout` loads the layout alone.
+"""
+
+__all__ = ["RecordStore"]
+
+
+def __getattr__(name):
+    if name == "RecordStore":
+        from .record_store import RecordStore
+
+        return RecordStore
+    raise AttributeError(f"module 'hicache_galahad.store' has no attribute {name!r}")
