@@ -727,12 +727,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--corpus", choices=sorted(CORPORA), default="wiki")
     parser.add_argument("--show-misses", action="store_true")
     parser.add_argument("--no-baseline", action="store_true")
+    parser.add_argument(
+        "--set", action="append", default=[], metavar="FIELD=VALUE",
+        help="a RankParams field for Blaise (an ablation), e.g. units=0",
+    )  # fmt: skip
     args = parser.parse_args(argv)
+    fields: dict = {}
+    params = RankParams()
+    for item in args.set:
+        name, _, value = item.partition("=")
+        kind = type(getattr(params, name))
+        fields[name] = kind(float(value)) if kind is not bool else value not in ("0", "false")
+    params = RankParams(**fields)
     problems = check_templates()
     if problems:
         raise SystemExit("templates share content words:\n" + "\n".join(problems))
     for line in machine_header():
         print(line)
+    print(f"ranking: {params}")
     print(f"load average at start: {os.getloadavg()[0]:.2f}")
     articles = CORPORA[args.corpus]()
     tokenizer = TekkenTokenizer()
@@ -740,7 +752,7 @@ def main(argv: list[str] | None = None) -> int:
     first = SPLIT_SEEDS[args.split]
     for seed in range(first, first + args.seeds):
         docs, facts = build_case(articles, seed, args.split, args.version == "hard")
-        result = run_blaise(docs, facts, tokenizer)
+        result = run_blaise(docs, facts, tokenizer, params)
         base = None if args.no_baseline else run_baseline(docs, facts, tokenizer)
         hits.append(result.hits)
         base_hits.append(base.hits if base else -1)

@@ -242,3 +242,23 @@ def test_the_subject_stage_keeps_sections_that_name_what_the_question_asks_about
     # a question whose names are not in the corpus, or without names, is not filtered
     assert ranker.search("When did the Zzyzx first take to the water?", 1)[0][0] in (1, 2)
     assert ranker.search("when did ships first take to the water", 1)[0][0] in (1, 2)
+
+
+def test_a_unit_states_the_attribute_it_measures():
+    """WordNet's units of measurement (attributes_data.UNITS, derived by make_attributes.py):
+    "3,686 kilograms" states a weight though no attribute word is in the sentence, so a
+    question about weight prefers it to another number about the same bell."""
+    from hicache_galahad.blaise.attributes_data import UNITS
+
+    assert UNITS["kilogram"] == ["weight"] and "area" in UNITS["hectare"]
+    assert UNITS["degree_celsius"] == ["temperature"]
+    weight = "The Vupim bell comes to 3,686 kilograms of bronze."
+    count = "The Vupim bell rang 1,741 times."
+    question = "How heavy is the Vupim bell?"
+    for units in (True, False):
+        ranker = Ranker(RankParams(units=units))
+        ranker.add(0, weight)
+        ranker.add(1, count)
+        for number in range(2, 12):  # other text: the name's IDF is that of a rare word
+            ranker.add(number, FILLER)
+        assert (ranker.search(question, 1)[0][0] == 0) is units

@@ -14,7 +14,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 
 from .answer import AnswerType
-from .attributes_data import ATTRIBUTES
+from .attributes_data import ATTRIBUTES, UNITS
 
 # the value kind of each attribute, for a question whose wh-word says nothing
 ANSWER_TYPES = {
@@ -38,9 +38,12 @@ ANSWER_TYPES = {
 class Lexicon:
     """The attribute lexicon over stems (the ranker's analysis)."""
 
-    def __init__(self, analyse: Callable[[list[str]], list[list[str]]]):
-        """`analyse`: texts -> the terms of each (stems, stop words out)."""
+    def __init__(self, analyse: Callable[[list[str]], list[list[str]]], units: bool = True):
+        """`analyse`: texts -> the terms of each (stems, stop words out); `units`: with
+        WordNet's units of measurement (UNITS)."""
         items = [(a, w, weight) for a, words in ATTRIBUTES.items() for w, weight in words.items()]
+        if units:  # a unit states what it measures: "4,381 kilograms" is a weight
+            items += [(a, unit, 1.0) for unit, measured in UNITS.items() for a in measured]
         analysed = analyse([word.replace("_", " ").replace("-", " ") for _, word, _ in items])
         entries: dict[tuple[str, ...], dict[str, float]] = {}
         for (attribute, _, weight), terms_of in zip(items, analysed, strict=True):
@@ -72,16 +75,16 @@ class Lexicon:
         return found
 
 
-_LEXICON: Lexicon | None = None
+_LEXICONS: dict[bool, Lexicon] = {}
 
 
-def lexicon(analyse: Callable[[list[str]], list[list[str]]]) -> Lexicon:
+def lexicon(analyse: Callable[[list[str]], list[list[str]]], units: bool = True) -> Lexicon:
     """The process's lexicon, built on first use (a few milliseconds; it does not depend on
     the corpus). `analyse` must be the analysis every ranker uses."""
-    global _LEXICON
-    if _LEXICON is None:
-        _LEXICON = Lexicon(analyse)
-    return _LEXICON
+    found = _LEXICONS.get(units)
+    if found is None:
+        found = _LEXICONS[units] = Lexicon(analyse, units)
+    return found
 
 
 def agreement(asked: dict[str, float], stated: dict[str, float]) -> float:

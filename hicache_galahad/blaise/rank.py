@@ -60,6 +60,7 @@ class RankParams:
     attribute_weight: float = 0.5  # times the IDF of the question terms in the best sentence
     candidates: int = 12  # sections whose sentences are scored
     subject: bool = True  # candidates hold the most of the question's names (see search)
+    units: bool = True  # the attribute lexicon includes WordNet's units of measurement
 
 
 _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
@@ -409,7 +410,7 @@ class Ranker:
         wanted = answer.question_type(question)
         asked: dict[str, float] = {}
         if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
-            lexicon = attributes.lexicon(_analyse_many)
+            lexicon = attributes.lexicon(_analyse_many, params.units)
             asked = lexicon.attributes(self.analyzer.terms(_common_words(question)))
             wanted = wanted or attributes.answer_type(asked)
         question_words = set(_WORD.findall(question.lower()))
