@@ -205,7 +205,7 @@ def throughput(work: Path, rounds: int) -> None:
 def _tier_read(reader, namespace, keys: list[str], slots: list[int], page_bytes: int) -> int:
     """What TieredStore does for pages it reads from Mooncake, minus the write-through to
     the local disk: MooncakeTier.get_many, every rule of FORMAT.md, the copy into the pool."""
-    from hicache_galahad.tiered import _value_bound, shared_key
+    from hicache_galahad.tier.tiered import _value_bound, shared_key
 
     store = reader.store
     layout = reader.binder.kv().layout

@@ -34,7 +34,7 @@ sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
 
 from mooncake_cluster import ENV, MooncakeCluster, RawClient  # noqa: E402
 
-from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier  # noqa: E402
+from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 # (value bytes, values per round, keys per get_many)

@@ -131,8 +131,8 @@ class GalahadStorage(HiCacheStorage):
         )
         self.store = RecordStore(self.options.store)
         if self.options.mooncake is not None:
-            from .mooncake_tier import MooncakeTier
-            from .tiered import TieredStore
+            from .tier.mooncake.tier import MooncakeTier
+            from .tier.tiered import TieredStore
 
             self.store = TieredStore(self.store, MooncakeTier(self.options.mooncake, log))
         self.counters = self.store.counters  # one set of counters: persisted and exported

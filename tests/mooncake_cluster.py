@@ -152,7 +152,7 @@ class MooncakeCluster:
     def tagged(self, name: str, record: bytes) -> bytes:
         """`record` as a server of this cluster stores it under Mooncake key `name`: with its
         integrity tag (what a buggy peer holding the key, or a replay of one, would put)."""
-        from hicache_galahad.mooncake_integrity import ValueTag
+        from hicache_galahad.tier.mooncake.integrity import ValueTag
 
         return record + ValueTag(self.integrity_key_file.read_bytes()).tag(name, record)
 

@@ -21,11 +21,11 @@ from sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
 from hicache_galahad.config import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
-from hicache_galahad.mooncake_integrity import ValueTag, ValueTagError
-from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
 from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore
-from hicache_galahad.tiered import TieredStore, shared_key
+from hicache_galahad.tier.mooncake.integrity import ValueTag, ValueTagError
+from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier
+from hicache_galahad.tier.tiered import TieredStore, shared_key
 
 cluster = mooncake_cluster_fixture(scope="module", segment_bytes=64 << 20)
 REFERENCE = mha_pool(seed=1)  # what honest servers hold: page i at token slot 4 * i

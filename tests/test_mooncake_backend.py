@@ -25,7 +25,7 @@ from sglang_pools import create_galahad, mamba_pool, mha_pool, page_bytes, slots
 
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.tiered import shared_key
+from hicache_galahad.tier.tiered import shared_key
 
 pytestmark = pytest.mark.slow
 

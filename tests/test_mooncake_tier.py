@@ -28,8 +28,8 @@ from mooncake_cluster import (
     skip_unless_mooncake,
 )
 
-from hicache_galahad.mooncake_buffers import ReadBuffer, chunks, read_only
-from hicache_galahad.mooncake_tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
+from hicache_galahad.tier.mooncake.buffers import ReadBuffer, chunks, read_only
+from hicache_galahad.tier.mooncake.tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
 
 REPO = Path(__file__).resolve().parents[1]
 KIB, MIB = 1 << 10, 1 << 20
@@ -136,12 +136,13 @@ def test_options_require_master_and_hostname_and_an_object():
         MooncakeOptions.from_config(["127.0.0.1:1"])
 
 
-MODULES = ("buffers", "connection", "counts", "integrity", "options", "reads", "tier", "writes")
+MODULES = ("buffers", "connection", "counts", "integrity", "reads", "tier", "writes")
 
 
 def test_modules_import_without_torch_or_sglang():
     code = "import sys; sys.modules['torch'] = None; sys.modules['sglang'] = None\n"
-    code += "".join(f"import hicache_galahad.mooncake_{name}\n" for name in MODULES)
+    code += "import hicache_galahad.config.mooncake\n"
+    code += "".join(f"import hicache_galahad.tier.mooncake.{name}\n" for name in MODULES)
     subprocess.run([sys.executable, "-c", code], check=True, cwd=REPO)
 
 
@@ -205,7 +206,7 @@ def test_chunks_fit_the_capacity_and_keep_the_order():
 
 WRITER = """
 import hashlib, json, os, sys, time
-from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier
 tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
 deadline = time.monotonic() + 10
 while not tier.available and time.monotonic() < deadline:
@@ -225,7 +226,7 @@ print(json.dumps({"digests": digests, "counters": counters}))
 
 READER = """
 import hashlib, json, sys, time
-from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier
 tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
 keys = json.loads(sys.argv[2])
 deadline = time.monotonic() + 10
@@ -426,7 +427,7 @@ def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
 
 STUCK_CHILD = """
 import json, sys, time
-from hicache_galahad.mooncake_tier import MooncakeOptions, MooncakeTier
+from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier
 tier = MooncakeTier(MooncakeOptions.from_config(json.loads(sys.argv[1])))
 while not tier.available:
     time.sleep(0.05)

@@ -13,10 +13,10 @@ import collections
 import threading
 import time
 
-from .mooncake_buffers import RegisteredBuffer, aligned
-from .mooncake_connection import NO_SPACE, NOT_FOUND, RPC_FAIL, MooncakeConnection
-from .mooncake_counts import TierCounts
-from .telemetry.metrics import RateLimitedLog
+from ...telemetry.metrics import RateLimitedLog
+from .buffers import RegisteredBuffer, aligned
+from .connection import NO_SPACE, NOT_FOUND, RPC_FAIL, MooncakeConnection
+from .counts import TierCounts
 
 _MAX_PUT_BATCH = 256
 

@@ -23,8 +23,8 @@ import stat
 
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-from .errors import KeyFileError
-from .record import format as fmt
+from ...errors import KeyFileError
+from ...record import format as fmt
 
 INTEGRITY_KEY_BYTES = 32
 NONCE_BYTES = 16

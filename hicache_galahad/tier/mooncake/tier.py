@@ -29,13 +29,13 @@ from __future__ import annotations
 import logging
 import time
 
-from .config.mooncake import MooncakeConfigError, MooncakeOptions
-from .mooncake_connection import MooncakeConnection
-from .mooncake_counts import COUNTER_NAMES, TierCounts
-from .mooncake_integrity import ValueTag, load_integrity_key
-from .mooncake_reads import BoundedReads
-from .mooncake_writes import WriteBehind
-from .telemetry.metrics import RateLimitedLog
+from ...config.mooncake import MooncakeConfigError, MooncakeOptions
+from ...telemetry.metrics import RateLimitedLog
+from .connection import MooncakeConnection
+from .counts import COUNTER_NAMES, TierCounts
+from .integrity import ValueTag, load_integrity_key
+from .reads import BoundedReads
+from .writes import WriteBehind
 
 __all__ = ["MooncakeConfigError", "MooncakeOptions", "MooncakeTier", "COUNTER_NAMES"]
 

@@ -18,9 +18,9 @@ import subprocess
 import sys
 import threading
 
-from .config.mooncake import MooncakeOptions
-from .mooncake_counts import TierCounts
-from .telemetry.metrics import RateLimitedLog
+from ...config.mooncake import MooncakeOptions
+from ...telemetry.metrics import RateLimitedLog
+from .counts import TierCounts
 
 RPC_FAIL = -900  # Mooncake: the master is unreachable
 NO_SPACE = -200  # Mooncake: no segment has room

@@ -20,10 +20,10 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
 
-from .mooncake_buffers import ReadBuffer, RegisteredBuffer, aligned, chunks, read_only
-from .mooncake_connection import NOT_FOUND, RPC_FAIL, MooncakeConnection
-from .mooncake_counts import TierCounts
-from .telemetry.metrics import RateLimitedLog
+from ...telemetry.metrics import RateLimitedLog
+from .buffers import ReadBuffer, RegisteredBuffer, aligned, chunks, read_only
+from .connection import NOT_FOUND, RPC_FAIL, MooncakeConnection
+from .counts import TierCounts
 
 
 class Worker:

@@ -31,13 +31,13 @@ import logging
 import threading
 import time
 
-from .config.mooncake import NO_SHARED_KEY
-from .errors import ConfigError
-from .mooncake_integrity import TAG_BYTES
-from .record import format as fmt
-from .record.namespace import Namespace
-from .store import RecordStore
-from .telemetry.metrics import RateLimitedLog
+from ..config.mooncake import NO_SHARED_KEY
+from ..errors import ConfigError
+from ..record import format as fmt
+from ..record.namespace import Namespace
+from ..telemetry.metrics import RateLimitedLog
+from .mooncake.integrity import TAG_BYTES
+from ..store import RecordStore
 
 log = logging.getLogger("hicache_galahad")
 KEY_PREFIX = "galahad"
