@@ -131,9 +131,9 @@ if not torch.cuda.is_available():
 else:
     print(f"GPU: {torch.cuda.get_device_name(0)}, torch CUDA {torch.version.cuda}")
 try:
-    from hicache_galahad.adapter import GalahadStorage  # noqa: F401
+    from hicache_galahad.serving.adapter import GalahadStorage  # noqa: F401
 except Exception as error:
-    missing.append(f"hicache_galahad.adapter ({error!r})")
+    missing.append(f"hicache_galahad.serving.adapter ({error!r})")
 if missing:
     print("MISSING: " + "; ".join(missing))
     sys.exit(3)

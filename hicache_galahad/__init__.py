@@ -10,7 +10,7 @@ __all__ = ["GalahadStorage", "RecordStore", "Namespace"]
 
 def __getattr__(name):
     if name == "GalahadStorage":
-        from .adapter import GalahadStorage
+        from .serving.adapter import GalahadStorage
 
         return GalahadStorage
     if name == "RecordStore":

@@ -253,7 +253,7 @@ def _fp8_server_args(kv_pool):
     import types
     from unittest import mock
 
-    from hicache_galahad import binding
+    from hicache_galahad.serving import binding
 
     if kv_pool is None or kv_pool.dtype != torch.uint8 or binding.server_args() is not None:
         yield
@@ -262,7 +262,7 @@ def _fp8_server_args(kv_pool):
     args = types.SimpleNamespace(
         kv_cache_dtype="fp8_e4m3", mamba_ssm_dtype=None, dtype="bfloat16", model_path=None
     )
-    with mock.patch("hicache_galahad.binding.server_args", lambda: args):
+    with mock.patch("hicache_galahad.serving.binding.server_args", lambda: args):
         yield
 
 

@@ -148,7 +148,7 @@ def test_fp8_formats_are_isolated_inside_a_server(galahad, monkeypatch):
     KV cache dtype into every namespace, which tells the two fp8 formats apart."""
     import types
 
-    from hicache_galahad import binding
+    from hicache_galahad.serving import binding
 
     keys = chain_keys(1, "fp8-server")
     monkeypatch.setattr(

@@ -13,9 +13,9 @@ import threading
 
 from sglang.srt.mem_cache.hicache_storage import PoolName
 
-from .errors import ConfigError
+from ..errors import ConfigError
+from ..record.namespace import Namespace
 from .pages import PageLayout, describe_pool
-from .record.namespace import Namespace
 
 log = logging.getLogger("hicache_galahad")
 

@@ -24,12 +24,12 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, 
 
 from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_hits
 
+from ..config import parse_options
+from ..config.fingerprint import resolve_fingerprint
+from ..store import RecordStore
+from ..telemetry.exporter import Exporter
+from ..telemetry.metrics import Counters, RateLimitedLog
 from .binding import KV, Binder, server_args
-from .config import parse_options
-from .config.fingerprint import resolve_fingerprint
-from .store import RecordStore
-from .telemetry.exporter import Exporter
-from .telemetry.metrics import Counters, RateLimitedLog
 from .transfer import PageTransfer, exact_page_bytes, flat_target
 
 log = logging.getLogger("hicache_galahad")
@@ -131,8 +131,8 @@ class GalahadStorage(HiCacheStorage):
         )
         self.store = RecordStore(self.options.store)
         if self.options.mooncake is not None:
-            from .tier.mooncake.tier import MooncakeTier
-            from .tier.tiered import TieredStore
+            from ..tier.mooncake.tier import MooncakeTier
+            from ..tier.tiered import TieredStore
 
             self.store = TieredStore(self.store, MooncakeTier(self.options.mooncake, log))
         self.counters = self.store.counters  # one set of counters: persisted and exported
