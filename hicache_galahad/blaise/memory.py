@@ -101,6 +101,8 @@ class Blaise:
         self._ids_of: dict[str, list[int]] = {}
         self._openings: dict[str, list[tuple[tuple[str, ...], str]]] = {}
         self._next_id = 0
+        # mode 2: doc_id -> (tokenizer, manifest key, the document's index block as token ids)
+        self._index_ids: dict[str, tuple[object, str, list[int]]] = {}
         self.skipped: list[Skipped] = []  # everything skipped since open
         self._load()
 
@@ -154,6 +156,7 @@ class Blaise:
             del self._entries[section_id]
         self._openings.pop(doc_id, None)
         self._manifests.pop(doc_id, None)
+        self._index_ids.pop(doc_id, None)
 
     # ------------------------------------------------------------------ documents
 
@@ -334,6 +337,30 @@ class Blaise:
             question=question,
             page_size=page_size,
             **options,
+        )
+
+    def prompt_with_index(
+        self,
+        question: str,
+        tokenizer,
+        *,
+        page_size: int,
+        **options,
+    ) -> prompt_mod.Prompt:
+        """Mode 2: the token ids of the corpus index as a page-aligned prefix (each document's
+        block padded to whole pages, see prompt.compose_index), then the question. Adding a
+        document appends pages: every page of an earlier prompt's prefix is unchanged, so the
+        server's cache and our store serve it. A document's block is tokenized once per
+        tokenizer and version of the document."""
+        blocks = []
+        for doc_id, (key, _) in self._manifests.items():
+            known = self._index_ids.get(doc_id)
+            if known is None or known[0] is not tokenizer or known[1] != key:
+                ids = prompt_mod.encode_block(tokenizer, doc_id, self._openings[doc_id])
+                known = self._index_ids[doc_id] = (tokenizer, key, ids)
+            blocks.append(known[2])
+        return prompt_mod.compose_index(
+            tokenizer, blocks=blocks, question=question, page_size=page_size, **options
         )
 
     def index_text(self) -> str:

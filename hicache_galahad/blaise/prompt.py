@@ -14,6 +14,14 @@ to our store: a second question about the section finds the whole prefix there.
 
 The index (mode 2) is rendered by `render_index`: one block per document in order of
 addition, each line derived from that document alone, so adding a document only appends.
+`compose_index` lays it out for the model:
+
+    [bos] INDEX PREAMBLE + TITLE | pad | DOCUMENT 1 | pad | ... | DOCUMENT N | pad | QUESTION
+    <------------------- prefix: every block a whole number of pages ----------> <- suffix ->
+
+Each block is tokenized and padded to whole pages on its own, so adding a document appends
+pages and changes none before them: the server caches the index once (and our store keeps
+it), and the next prompt, after any number of additions, reuses every page of the old prefix.
 """
 
 from __future__ import annotations
@@ -25,6 +33,12 @@ PREAMBLE = (
     "heading path. Answer from that section only; if it does not hold the answer, say so.\n\n"
 )
 QUESTION_TEMPLATE = "\n\nQuestion: {question}\nAnswer:"
+INDEX_PREAMBLE = (
+    "You answer questions about a collection of documents. Below is its index: one line per "
+    "section, with the section's name (<document>#<number>), heading path and opening words. "
+    "Answer from the index; if the answer needs a section's text, name that section.\n\n"
+)
+INDEX_TITLE = "Blaise index: sections as <document>#<number>, heading path, opening words."
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,14 +104,55 @@ def _encode(tokenizer, text: str) -> list[int]:
 def render_index(documents) -> str:
     """The corpus index: `documents` is an iterable of (doc_id, [(headings, first_words)])
     in order of addition. Deterministic; each document's block depends on it alone."""
-    lines = ["Blaise index: sections as <document>#<number>, heading path, opening words.", ""]
+    lines = [INDEX_TITLE, ""]
     for doc_id, sections in documents:
-        lines.append(f"## {doc_id} ({len(sections)} sections)")
-        for number, (headings, opening) in enumerate(sections, 1):
-            path = " > ".join(headings) if headings else "(top)"
-            lines.append(f"{doc_id}#{number} | {path} | {opening}")
+        lines.append(index_block(doc_id, sections).rstrip("\n"))
         lines.append("")
     return "\n".join(lines)
+
+
+def index_block(doc_id: str, sections) -> str:
+    """One document's block of the index (its header line, then a line per section)."""
+    lines = [f"## {doc_id} ({len(sections)} sections)"]
+    for number, (headings, opening) in enumerate(sections, 1):
+        path = " > ".join(headings) if headings else "(top)"
+        lines.append(f"{doc_id}#{number} | {path} | {opening}")
+    return "\n".join(lines) + "\n\n"
+
+
+def compose_index(
+    tokenizer,
+    *,
+    blocks: list[list[int]],
+    question: str,
+    page_size: int,
+    preamble: str = INDEX_PREAMBLE,
+    pad_id: int | None = None,
+    bos_id: int | None = None,
+) -> Prompt:
+    """Mode 2's token ids: the preamble and title, then each document's block (`blocks`:
+    their token ids, from `encode_block`), each padded to whole pages, then the question."""
+    if page_size < 1:
+        raise ValueError(f"page_size must be >= 1, got {page_size}")
+    if bos_id is None:
+        bos_id = getattr(tokenizer, "bos_token_id", None)
+    pad = pad_id if pad_id is not None else default_pad_id(tokenizer)
+    head = [bos_id] if bos_id is not None else []
+    head += _encode(tokenizer, preamble + INDEX_TITLE + "\n\n")
+    prefix: list[int] = []
+    num_pad = 0
+    for part in (head, *blocks):
+        padding = -len(part) % page_size
+        prefix += part
+        prefix += [pad] * padding
+        num_pad += padding
+    suffix = _encode(tokenizer, QUESTION_TEMPLATE.format(question=question.strip()))
+    return Prompt(prefix + suffix, len(prefix), page_size, num_pad)
+
+
+def encode_block(tokenizer, doc_id: str, sections) -> list[int]:
+    """A document's index block as token ids (tokenized on its own)."""
+    return _encode(tokenizer, index_block(doc_id, sections))
 
 
 def opening_words(text: str, num_words: int = 16) -> str:
