@@ -117,7 +117,7 @@ def test_read_only_commands_work_on_a_store_they_cannot_write(tmp_path):
 def _read_only_as_nobody(root: Path) -> None:
     write_store(root)
     script = (  # everything imported first (the interpreter lives under /root), then drop root
-        "import datetime, os, sys; from hicache_galahad.cli import build_parser, main;"
+        "import datetime, os, sys; from hicache_galahad.ops.cli import build_parser, main;"
         "build_parser(); os.setgid(65534); os.setuid(65534); sys.exit(main(sys.argv[1:]))"
     )
     for path in [root, *root.rglob("*")]:

@@ -24,8 +24,9 @@ from pathlib import Path
 
 import pytest
 
-from hicache_galahad import cli, ops
 from hicache_galahad.errors import ConfigError
+from hicache_galahad.ops import cli
+from hicache_galahad.ops import reports as ops
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
@@ -82,7 +83,7 @@ def run_python(code: str, *args, timeout_s: float = HANG_S, **kwargs):
 
 def galahad(*args, timeout_s: float = HANG_S, **kwargs):
     return run_python(
-        "import sys; from hicache_galahad.cli import main; sys.exit(main(sys.argv[1:]))",
+        "import sys; from hicache_galahad.ops.cli import main; sys.exit(main(sys.argv[1:]))",
         *args,
         timeout_s=timeout_s,
         **kwargs,

@@ -18,7 +18,7 @@ import pytest
 import xxhash
 import zstandard
 
-from hicache_galahad import ops
+from hicache_galahad.ops import reports as ops
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore

@@ -26,11 +26,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from . import ops
-from .config.fingerprint import fingerprint_model_dir
-from .errors import GalahadError
-from .store import RecordStore
-from .units import parse_bytes
+from ..config.fingerprint import fingerprint_model_dir
+from ..errors import GalahadError
+from ..store import RecordStore
+from ..units import parse_bytes
+from . import reports as ops
 
 EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED, EXIT_UNEXPECTED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -263,7 +263,7 @@ def cmd_demo(args) -> int:
 
 
 def cmd_blaise(args) -> int:
-    from .blaise import cli as blaise_cli
+    from ..blaise import cli as blaise_cli
 
     return blaise_cli.run(args)
 
@@ -331,7 +331,7 @@ def build_parser() -> argparse.ArgumentParser:
     demo.set_defaults(run=cmd_demo)
 
     blaise = commands.add_parser("blaise", help="the text memory: add documents, ask questions")
-    from .blaise import cli as blaise_cli
+    from ..blaise import cli as blaise_cli
 
     blaise_cli.add_subcommands(blaise.add_subparsers(dest="blaise_command", required=True))
     blaise.set_defaults(run=cmd_blaise)

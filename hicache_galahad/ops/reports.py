@@ -13,11 +13,11 @@ import stat
 import time
 from dataclasses import dataclass, field
 
-from .record import format as fmt
-from .store import RecordStore
-from .store.layout import FileEntry, record_filename
-from .store.lifetime import lifetime_totals, live_settings
-from .store.reader import open_record
+from ..record import format as fmt
+from ..store import RecordStore
+from ..store.layout import FileEntry, record_filename
+from ..store.lifetime import lifetime_totals, live_settings
+from ..store.reader import open_record
 
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
