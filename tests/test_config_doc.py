@@ -8,8 +8,8 @@ import dataclasses
 import re
 from pathlib import Path
 
-from hicache_galahad.config import EXTRA_CONFIG_KEYS, SGLANG_KEYS
 from hicache_galahad.config.mooncake import MooncakeOptions
+from hicache_galahad.config.options import EXTRA_CONFIG_KEYS, SGLANG_KEYS
 from hicache_galahad.ops.cli import build_parser
 
 DOC = (Path(__file__).resolve().parent.parent / "docs" / "CONFIG.md").read_text()

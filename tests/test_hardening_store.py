@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from hicache_galahad.config import StoreOptions, default_root
+from hicache_galahad.config.options import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace

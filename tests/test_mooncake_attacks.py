@@ -19,7 +19,7 @@ from mooncake_cluster import RawClient, mooncake_cluster_fixture
 from records import chain_keys, pool_records
 from sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
-from hicache_galahad.config import StoreOptions, parse_options
+from hicache_galahad.config.options import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
 from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore

@@ -24,8 +24,8 @@ from sglang.srt.mem_cache.hicache_storage import HiCacheStorage, PoolHitPolicy, 
 
 from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_hits
 
-from ..config import parse_options
 from ..config.fingerprint import resolve_fingerprint
+from ..config.options import parse_options
 from ..store import RecordStore
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog

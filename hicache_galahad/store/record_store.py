@@ -30,7 +30,7 @@ import logging
 import os
 from concurrent.futures import ThreadPoolExecutor
 
-from ..config import StoreOptions
+from ..config.options import StoreOptions
 from ..record import format as fmt
 from ..record.codec import RecordCodec
 from ..record.crypto import load_master_key
