@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hicache_galahad.blaise.answer import AnswerType, holds, question_type
+from hicache_galahad.blaise.attributes import holds_tally
 from hicache_galahad.blaise.rank import Analyzer, Ranker, RankParams
 
 FILLER = (
@@ -87,7 +88,7 @@ def test_add_remove_and_ties():
         ("What sum was paid for the lamp?", AnswerType.MONEY),
         ("How high is the lighthouse?", AnswerType.LENGTH),
         ("What is the length of the canal?", AnswerType.LENGTH),
-        ("How many residents does the town have?", AnswerType.COUNT),
+        ("How many residents does the town have?", AnswerType.TALLY),
         ("What is the number of members of the guild?", AnswerType.COUNT),
         ("How crowded is the town?", AnswerType.COUNT),
         ("How do ferries cross the estuary?", None),
@@ -262,3 +263,36 @@ def test_a_unit_states_the_attribute_it_measures():
         for number in range(2, 12):  # other text: the name's IDF is that of a rare word
             ranker.add(number, FILLER)
         assert (ranker.search(question, 1)[0][0] == 0) is units
+
+
+@pytest.mark.parametrize(
+    ("sentence", "tally"),
+    [
+        ("The Dralklardo Hall has 8,555 seats.", True),
+        ("At its peak the mine had 17,561 men underground.", True),
+        ("The main shaft is 1,479 metres deep.", False),  # a length (UNITS: metre)
+        ("The bell weighs 3,686 kilograms.", False),
+        ("Building the hall cost £80.5 million.", False),
+        ("It cost 400 dollars.", False),
+        ("The mine closed in 1902.", False),  # a year
+        ("The hall covers 30,703 square metres and seats 900.", True),
+    ],
+)
+def test_a_tally_is_a_number_that_is_not_a_measure(sentence, tally):
+    assert holds_tally(sentence) is tally
+
+
+def test_how_many_prefers_a_count_to_a_measure():
+    """ "How many workers did the X mine have?" asked for a count; a same-name sentence with
+    "1,479 metres" held a number too and took the answer-type bonus (second generator, train
+    split)."""
+    count = "At its peak the Theamrurk mine had 17,561 men underground, in three shifts a day."
+    measure = "The main shaft of the Theamrurk mine is 1,479 metres deep."
+    question = "How many workers did the Theamrurk mine have?"
+    for tally in (True, False):
+        ranker = Ranker(RankParams(tally=tally))
+        ranker.add(0, count)
+        ranker.add(1, measure)
+        for number in range(2, 12):
+            ranker.add(number, FILLER)
+        assert (ranker.search(question, 1)[0][0] == 0) is tally

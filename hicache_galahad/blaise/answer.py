@@ -22,6 +22,7 @@ class AnswerType(enum.Enum):
     MONEY = "money"
     LENGTH = "length"
     COUNT = "count"
+    TALLY = "tally"  # how many: a count of things, not a measure (attributes.holds_tally)
 
 
 _QUESTION_RULES = (
@@ -46,9 +47,10 @@ _QUESTION_RULES = (
         r"\bhow (high|tall|far|long|deep|wide|thick)\b|\b(height|length|distance|elevation|"
         r"altitude|width|depth)\b",
     ),
+    (AnswerType.TALLY, r"\bhow many\b"),
     (
         AnswerType.COUNT,
-        r"\bhow (many|much|large|big)\b|\b(number|size|amount|quantity|count|population|"
+        r"\bhow (much|large|big)\b|\b(number|size|amount|quantity|count|population|"
         r"share|percentage|total) of\b|\b(what|which) (number|size|amount|quantity|count|"
         r"population|share|percentage|total)\b",
     ),
@@ -117,7 +119,7 @@ def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
         return bool(_MONEY.search(sentence))
     if kind is AnswerType.LENGTH:
         return bool(_LENGTH.search(sentence))
-    if kind is AnswerType.COUNT:
+    if kind is AnswerType.COUNT or kind is AnswerType.TALLY:  # (a tally: see attributes)
         return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
     if kind is AnswerType.PLACE:
         return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))

@@ -11,8 +11,10 @@ question asks about, and when the wh-word gives no type it takes the attribute's
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable, Iterable
 
+from . import answer
 from .answer import AnswerType
 from .attributes_data import ATTRIBUTES, UNITS
 
@@ -85,6 +87,30 @@ def lexicon(analyse: Callable[[list[str]], list[list[str]]], units: bool = True)
     if found is None:
         found = _LEXICONS[units] = Lexicon(analyse, units)
     return found
+
+
+_TALLIED = re.compile(r"(?<![\w.,$€£¥])(\d+(?:,\d{3})*(?:\.\d+)?)(?:\s+([A-Za-z]+))?")
+
+
+def holds_tally(sentence: str) -> bool:
+    """Whether `sentence` holds a count of things ("how many"): a number that is not a year,
+    not an amount of money and not followed by a unit of measurement that does not measure
+    a number (UNITS: "8,555 seats" and "17,561 men" are counts, "1,479 metres" and "£80.5
+    million" are not)."""
+    for match in _TALLIED.finditer(sentence):
+        if answer.holds(match.group(), AnswerType.YEAR, set()) and "," not in match.group(1):
+            continue
+        after = (match.group(2) or "").lower()
+        if after in ("million", "billion", "thousand") or _MONEY_AT.match(sentence, match.end()):
+            continue
+        measured = UNITS.get(after) or UNITS.get(after[:-1]) or UNITS.get(after[:-2])
+        if measured and "number" not in measured:
+            continue
+        return True
+    return False
+
+
+_MONEY_AT = re.compile(r"\s*(dollars?|euros?|pounds?|francs?|marks?|crowns?|yen)\b", re.I)
 
 
 def agreement(asked: dict[str, float], stated: dict[str, float]) -> float:

@@ -61,6 +61,7 @@ class RankParams:
     candidates: int = 12  # sections whose sentences are scored
     subject: bool = True  # candidates hold the most of the question's names (see search)
     units: bool = True  # the attribute lexicon includes WordNet's units of measurement
+    tally: bool = True  # "how many" asks for a count: a number with a unit is a measure
 
 
 _KEEP = frozenset(b"0123456789_abcdefghijklmnopqrstuvwxyz") | frozenset(range(128, 256))
@@ -421,7 +422,7 @@ class Ranker:
                 self._sections[section], stem_of, idf
             )
             total = score + params.sentence_weight * sentence_score
-            if wanted is not None and sentence and answer.holds(sentence, wanted, question_words):
+            if wanted is not None and sentence and self._holds(sentence, wanted, question_words):
                 total += params.answer_weight * total_idf
             if asked and sentence:
                 # what the sentence states beyond the question's own words
@@ -435,6 +436,11 @@ class Ranker:
             fused.append((section, total))
         fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
+
+    def _holds(self, sentence: str, wanted, question_words) -> bool:
+        if wanted is answer.AnswerType.TALLY and self.params.tally:
+            return attributes.holds_tally(sentence)
+        return answer.holds(sentence, wanted, question_words)
 
     def _about_subject(self, question, terms, tf, idf, hit) -> np.ndarray:
         """The sections of `hit` that hold the most (by IDF) of the question's subject: its
