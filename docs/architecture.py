@@ -3,8 +3,8 @@
     .venv/bin/python docs/architecture.py [OUTPUT.png]
 
 Standalone: matplotlib only, nothing of the project is imported. The module map (the modules,
-their groups, what each group may import) and the red outlines (modules where a check happens)
-are read from the tables of docs/ARCHITECTURE.md, which tests/test_architecture_doc.py checks
+their packages, what each package may import) and the red outlines (modules where a check happens)
+are read from the tables of docs/ARCHITECTURE.md, which tests/test_architecture.py checks
 against the code, so the picture follows the code through that file. The data path on the left
 is drawn from the constants below.
 
@@ -48,13 +48,18 @@ BACKUP = "#d9730d"
 PREFETCH = "#1f5fbf"
 MUTED = "#555555"
 
-GROUP_STYLE = {
-    "operations": ("#efefef", "#6b6b6b"),
-    "SGLang-facing": ("#e8f0fb", "#3b6ea8"),
-    "Blaise": ("#f8ecf4", "#9c4a7c"),
-    "I/O": ("#fdf6e3", "#a07800"),
-    "pure": ("#eaf5ea", "#3d8b3d"),
+GROUP_STYLE = {  # one colour per layer of packages
+    "ops": ("#efefef", "#6b6b6b"),
+    "serving": ("#e8f0fb", "#3b6ea8"),
+    "blaise": ("#f8ecf4", "#9c4a7c"),
+    "tier": ("#f3ecf8", "#7b4fa0"),
+    "store": ("#fdf6e3", "#a07800"),
+    "config": ("#eaf5ea", "#3d8b3d"),
+    "record": ("#eaf5ea", "#3d8b3d"),
+    "telemetry": ("#eaf5ea", "#3d8b3d"),
+    "top": ("#f4f4f4", "#6b6b6b"),
 }
+TOP_LEVEL = ("errors", "units", "(root)", "__main__")  # drawn in one box: hicache_galahad/*.py
 
 
 # ----------------------------------------------------------------------------- the tables
@@ -74,12 +79,27 @@ def _rows(section: str) -> list[list[str]]:
     return rows[1:]  # without the header row
 
 
-def read_doc() -> tuple[list[tuple[str, str]], dict[str, tuple[str, str]], set[str]]:
-    """(module path, group) rows; group -> (may import, torch/sglang); modules named in the
+def package_of(path: str) -> str:
+    """hicache_galahad/store/reader.py -> store; hicache_galahad/errors.py -> errors;
+    hicache_galahad/__init__.py -> (root); checkpoint/hits.py -> checkpoint (as
+    tests/test_architecture.py names them)."""
+    parts = path.removesuffix(".py").split("/")
+    if parts[0] == "checkpoint":
+        return "checkpoint"
+    if parts == ["hicache_galahad", "__init__"]:
+        return "(root)"
+    return parts[1]
+
+
+def read_doc() -> tuple[list[str], dict[str, tuple[str, str]], set[str]]:
+    """Module paths; package -> (may import, torch/sglang); modules named in the
     'where each check happens' table."""
     text = DOC.read_text(encoding="utf-8")
-    modules = [(row[0].strip("`"), row[1]) for row in _rows(_section(text, "Modules"))]
-    rules = {row[0]: (row[1], row[2]) for row in _rows(_section(text, "Module groups"))}
+    modules = [row[0].strip("`") for row in _rows(_section(text, "Modules"))]
+    rules = {
+        row[0].strip("`").rstrip("/").removesuffix(".py"): (row[2], row[3])
+        for row in _rows(_section(text, "Packages"))
+    }
     checked = set()
     for row in _rows(_section(text, "Where each check happens")):
         checked.update(re.findall(r"`([\w/]+\.py)`", row[1]))
@@ -428,7 +448,7 @@ def data_path(canvas: Canvas, y: float, checked: set[str]) -> float:
     )
     store_bottom = (
         Stack(c, "store", LEFT, SPLIT - 12, y)
-        .title("RecordStore", "store.py · its public verbs; its parts:")
+        .title("RecordStore", "store/record_store.py · its public verbs; its parts:")
         .chips(
             ["reader.py", "writer.py", "budget.py", "quarantine.py", "checker.py", "flusher.py"]
             + ["ledger.py", "layout.py", "codec.py", "eviction.py", "lifetime.py"],
@@ -443,12 +463,12 @@ def data_path(canvas: Canvas, y: float, checked: set[str]) -> float:
     )
     tier_bottom = (
         Stack(c, "tier", SPLIT + 12, RIGHT, y)
-        .title("MooncakeTier", "mooncake_tier.py")
+        .title("MooncakeTier", "tier/mooncake/tier.py")
         .line("joins the cluster once its master answers")
         .line("reads: one worker, at most timeout_s each")
         .line("writes: a byte-bounded queue, one writer")
         .line("never raises, never blocks the caller")
-        .line("options: mooncake_options.py")
+        .line("options: config/mooncake.py")
         .draw(MOONCAKE)
     )
     y = max(store_bottom, tier_bottom)
@@ -512,84 +532,144 @@ def legend(canvas: Canvas, y: float) -> float:
 # ----------------------------------------------------------------------------- module map
 
 MAP_LEFT, MAP_RIGHT = 982, 1578
-MAP_SPLIT = 1258  # SGLang-facing on the left, operations and Blaise on the right
+MAP_SPLIT = 1258  # serving on the left, ops and Blaise on the right
 
 
 def chip_label(path: str) -> str:
     return path.rsplit("/", 1)[-1]
 
 
-def group_box(canvas, group, x0, x1, y, paths, rules, checked, title=None) -> float:
-    """One group of the module map; `checkpoint/` modules in a box of their own inside it."""
+def wrap(canvas, words: list[str], width: float, first: str) -> list[str]:
+    """`first` followed by the words, comma-separated, in lines no wider than `width`."""
+    lines, line = [], first
+    for index, word in enumerate(words):
+        piece = word + ("," if index < len(words) - 1 else "")
+        trial = f"{line} {piece}".strip()
+        if canvas.measure(trial, 9.0)[0] > width and line.strip():
+            lines.append(line)
+            line = "  " + piece
+        else:
+            line = trial
+    lines.append(line)
+    return lines
+
+
+def rule_notes(canvas, package, rules, width) -> list[str]:
+    may_import, heavy = rules[package]
+    words = [] if may_import == "(nothing)" else [w.strip("`") for w in may_import.split(", ")]
+    notes = wrap(canvas, words, width, "may import") if words else ["imports no other package"]
+    notes.append("torch and sglang allowed" if heavy == "yes" else "never torch or sglang")
+    return notes
+
+
+def package_box(canvas, key, x0, x1, y, paths, notes, title, checked, nested=None) -> float:
+    """One package of the module map; `nested` = (title, paths) drawn in a box inside it."""
     c = canvas
-    face, edge = GROUP_STYLE[group]
-    may_import, heavy = rules[group]
-    own_only = may_import == "(nothing else)"
-    notes = [
-        "imports its own group only" if own_only else f"may import {may_import}",
-        "torch and sglang allowed" if heavy == "yes" else "never torch or sglang",
-    ]
-    if c.measure("; ".join(notes), 9.0)[0] <= x1 - x0 - 24:
-        notes = ["; ".join(notes)]
-    name = f"group:{group}"
-    red = {chip_label(path) for path in paths if path.removeprefix("hicache_galahad/") in checked}
-    plain = [chip_label(path) for path in paths if not path.startswith("checkpoint/")]
-    nested = [chip_label(path) for path in paths if path.startswith("checkpoint/")]
+    face, edge = GROUP_STYLE[key]
+    name = f"package:{key}"
+    every = paths + (nested[1] if nested else [])
+    red = {
+        chip_label(path)
+        for path in every
+        if any(path == name or path.endswith("/" + name) for name in checked)
+    }
+    plain = [chip_label(path) for path in paths]
     chips_y = y + 9 + 21 + 16 * len(notes) + 5
-    bottom = c.flow(x0 + 12, x1 - 12, chips_y, plain)[1]
+    bottom = c.flow(x0 + 12, x1 - 12, chips_y, plain)[1] if plain else chips_y - 5
     sub_top = sub_bottom = bottom
     if nested:
         sub_top = bottom + 8
-        sub_bottom = c.flow(x0 + 24, x1 - 24, sub_top + 30, nested)[1] + 9
+        sub_bottom = c.flow(x0 + 24, x1 - 24, sub_top + 30, [chip_label(p) for p in nested[1]])[1]
+        sub_bottom += 9
     box_bottom = sub_bottom + 9
     c.box(name, x0, y, x1, box_bottom, (face, edge), linewidth=1.5)
-    c.text(x0 + 12, y + 9, title or group, name, 11, fontweight="bold", color=edge)
+    c.text(x0 + 12, y + 9, title, name, 11, fontweight="bold", color=edge)
     for index, note in enumerate(notes):
         c.text(x0 + 12, y + 30 + 16 * index, note, name, 9.0, color=MUTED)
-    c.chips(name, x0 + 12, x1 - 12, chips_y, plain, name, red)
+    if plain:
+        c.chips(name, x0 + 12, x1 - 12, chips_y, plain, name, red)
     if nested:
-        sub = f"{name}:checkpoint"
-        c.box(sub, x0 + 12, sub_top, x1 - 12, sub_bottom, ("#f7fbf7", edge), name, style="--")
-        c.text(x0 + 24, sub_top + 7, "checkpoint/  (a package of its own)", sub, 9.0, color=edge)
-        c.chips(sub, x0 + 24, x1 - 24, sub_top + 30, nested, sub, red)
+        sub = f"{name}:nested"
+        c.box(sub, x0 + 12, sub_top, x1 - 12, sub_bottom, ("#ffffff", edge), name, style="--")
+        c.text(x0 + 24, sub_top + 7, nested[0], sub, 9.0, color=edge)
+        c.chips(sub, x0 + 24, x1 - 24, sub_top + 30, [chip_label(p) for p in nested[1]], sub, red)
     return box_bottom
 
 
 def module_map(canvas: Canvas, y: float, modules, rules, checked) -> float:
     c = canvas
-    heading(c, MAP_LEFT, y, "Module map", "imports flow down, never up or across")
+    heading(c, MAP_LEFT, y, "Module map", "one box per package; imports flow down, never up")
     y += 34
-    by_group: dict[str, list[str]] = {group: [] for group in GROUP_STYLE}
-    for path, group in modules:
-        if group not in by_group:
-            raise SystemExit(f"{DOC}: unknown group {group!r} for {path}")
-        by_group[group].append(path)
-    for group in by_group:
-        if group not in rules:
-            raise SystemExit(f"{DOC}: group {group!r} has no row in 'Module groups'")
+    by_package: dict[str, list[str]] = {}
+    for path in modules:
+        if path.endswith("/__init__.py") and path != "hicache_galahad/__init__.py":
+            continue  # a package's own docstring
+        by_package.setdefault(package_of(path), []).append(path)
+    for package in by_package:
+        if package not in rules and package != "(root)":
+            raise SystemExit(f"{DOC}: package {package!r} has no row in 'Packages'")
 
-    def box(group, x0, x1, top, title=None):
-        return group_box(c, group, x0, x1, top, by_group[group], rules, checked, title)
+    def box(key, x0, x1, top, nested_prefix=None, nested_title=None, title=None):
+        paths = by_package.get(key, [])
+        nested = None
+        if nested_prefix:
+            inner = [p for p in paths if p.startswith(nested_prefix)]
+            paths = [p for p in paths if not p.startswith(nested_prefix)]
+            if key == "serving":
+                inner = by_package.get("checkpoint", [])
+            nested = (nested_title, inner)
+        notes = rule_notes(c, key, rules, x1 - x0 - 24)
+        return package_box(c, key, x0, x1, top, paths, notes, title or f"{key}/", checked, nested)
+
+    def imports_arrow(x, top, bottom):
+        c.arrow(x, top + 5, x, bottom - 5, "#6b6b6b")
+        c.text(x + 12, (top + bottom) / 2, "imports", None, 9.0, color=MUTED, va="center")
 
     gap = 40
-    ops_bottom = box("operations", MAP_SPLIT + 10, MAP_RIGHT, y)
-    flows_y = ops_bottom
-    blaise_top = flows_y + gap
-    c.arrow(MAP_SPLIT + 40, flows_y + 5, MAP_SPLIT + 40, blaise_top - 5, "#6b6b6b")
-    c.text(MAP_SPLIT + 52, flows_y + gap / 2, "imports", None, 9.0, color=MUTED, va="center")
-    blaise_bottom = box("Blaise", MAP_SPLIT + 10, MAP_RIGHT, blaise_top, "Blaise  (blaise/)")
-    sglang_bottom = box("SGLang-facing", MAP_LEFT, MAP_SPLIT - 10, y)
-    upper = max(blaise_bottom, sglang_bottom)
-    io_top = upper + gap
-    for x in (MAP_LEFT + 30, MAP_SPLIT + 40):
-        c.arrow(x, upper + 5, x, io_top - 5, "#6b6b6b")
-        c.text(x + 12, upper + gap / 2, "imports", None, 9.0, color=MUTED, va="center")
-    io_bottom = box("I/O", MAP_LEFT, MAP_RIGHT, io_top, "I/O  (the store, its parts, Mooncake)")
-    pure_top = io_bottom + gap
-    c.arrow(MAP_LEFT + 30, io_bottom + 5, MAP_LEFT + 30, pure_top - 5, "#6b6b6b")
-    c.text(MAP_LEFT + 42, io_bottom + gap / 2, "imports", None, 9.0, color=MUTED, va="center")
-    pure_bottom = box("pure", MAP_LEFT, MAP_RIGHT, pure_top, "pure  (no I/O, no torch, no sglang)")
-    y = pure_bottom + 14
+    ops_bottom = box("ops", MAP_SPLIT + 10, MAP_RIGHT, y)
+    blaise_top = ops_bottom + gap
+    imports_arrow(MAP_SPLIT + 40, ops_bottom, blaise_top)
+    blaise_bottom = box("blaise", MAP_SPLIT + 10, MAP_RIGHT, blaise_top)
+    serving_bottom = box(
+        "serving",
+        MAP_LEFT,
+        MAP_SPLIT - 10,
+        y,
+        nested_prefix="checkpoint/",
+        nested_title="checkpoint/  (a package of its own)",
+    )
+    upper = max(blaise_bottom, serving_bottom)
+    tier_top = upper + gap
+    imports_arrow(MAP_LEFT + 30, upper, tier_top)
+    tier_bottom = box(
+        "tier", MAP_LEFT, MAP_RIGHT, tier_top, "hicache_galahad/tier/mooncake/", "mooncake/"
+    )
+    store_top = tier_bottom + gap
+    imports_arrow(MAP_LEFT + 30, tier_bottom, store_top)
+    store_bottom = box("store", MAP_LEFT, MAP_RIGHT, store_top)
+    low_top = store_bottom + gap
+    imports_arrow(MAP_LEFT + 30, store_bottom, low_top)
+    config_bottom = box("config", MAP_LEFT, MAP_SPLIT - 10, low_top)
+    record_bottom = box("record", MAP_SPLIT + 10, MAP_RIGHT, low_top)
+    last_top = max(config_bottom, record_bottom) + 16
+    telemetry_bottom = box("telemetry", MAP_LEFT, MAP_SPLIT - 10, last_top)
+    top_paths = [p for key in TOP_LEVEL for p in by_package.get(key, [])]
+    top_bottom = package_box(
+        c,
+        "top",
+        MAP_SPLIT + 10,
+        MAP_RIGHT,
+        last_top,
+        top_paths,
+        [
+            "errors, units: import nothing",
+            "__init__: imports on first use",
+            "never torch or sglang",
+        ],
+        "hicache_galahad/*.py",
+        checked,
+    )
+    y = max(telemetry_bottom, top_bottom) + 14
     c.box(
         "map:legend", MAP_LEFT, y, MAP_LEFT + 22, y + 18, (CHIP[0], CHECK), linewidth=2.0, radius=4
     )
@@ -605,7 +685,7 @@ def module_map(canvas: Canvas, y: float, modules, rules, checked) -> float:
     return (
         Stack(c, "start", MAP_LEFT, MAP_RIGHT, y)
         .title("Checked once, at start", "a failure is a ConfigError: the server does not start")
-        .check("config.py + mooncake_options.py: every option (an unknown key, a bad value)")
+        .check("config/options.py + config/mooncake.py: every option (an unknown key, a bad value)")
         .check("crypto.py: the master key file is 32 bytes, readable by its owner only")
         .check("fingerprint.py: the identity of the weights, unless model_fingerprint is given")
         .check("layout.py: the root is a real directory; min_free_bytes fits its filesystem")
