@@ -296,3 +296,22 @@ def test_how_many_prefers_a_count_to_a_measure():
         for number in range(2, 12):
             ranker.add(number, FILLER)
         assert (ranker.search(question, 1)[0][0] == 0) is tally
+
+
+def test_a_word_whose_first_sense_names_an_attribute_asks_for_it():
+    """GLOSSED (make_attributes.py): "weigh" is in no attribute's synset, but its first sense
+    is "have a certain weight", so "What did X weigh?" asks for a weight and prefers the
+    sentence whose unit measures one."""
+    from hicache_galahad.blaise.attributes_data import GLOSSED
+
+    assert GLOSSED["weigh"] == {"weight": 0.5} and "weight" in GLOSSED["load"]
+    weight = "The Zundbork displaced 2,780 tonnes at the quay."
+    speed = "On trials the Zundbork reached 14 knots."
+    question = "What did the Zundbork weigh?"
+    for glossed in (True, False):
+        ranker = Ranker(RankParams(glossed=glossed))
+        ranker.add(0, weight)
+        ranker.add(1, speed)
+        for number in range(2, 12):
+            ranker.add(number, FILLER)
+        assert (ranker.search(question, 1)[0][0] == 0) is glossed

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from . import answer
 from .answer import AnswerType
-from .attributes_data import ATTRIBUTES, UNITS
+from .attributes_data import ATTRIBUTES, GLOSSED, UNITS
 
 # the value kind of each attribute, for a question whose wh-word says nothing
 ANSWER_TYPES = {
@@ -40,12 +40,20 @@ ANSWER_TYPES = {
 class Lexicon:
     """The attribute lexicon over stems (the ranker's analysis)."""
 
-    def __init__(self, analyse: Callable[[list[str]], list[list[str]]], units: bool = True):
+    def __init__(
+        self,
+        analyse: Callable[[list[str]], list[list[str]]],
+        units: bool = True,
+        glossed: bool = True,
+    ):
         """`analyse`: texts -> the terms of each (stems, stop words out); `units`: with
-        WordNet's units of measurement (UNITS)."""
+        WordNet's units of measurement (UNITS); `glossed`: with the words whose first
+        sense's definition names an attribute (GLOSSED)."""
         items = [(a, w, weight) for a, words in ATTRIBUTES.items() for w, weight in words.items()]
         if units:  # a unit states what it measures: "4,381 kilograms" is a weight
             items += [(a, unit, 1.0) for unit, measured in UNITS.items() for a in measured]
+        if glossed:  # weigh: "have a certain weight"
+            items += [(a, w, weight) for w, found in GLOSSED.items() for a, weight in found.items()]
         analysed = analyse([word.replace("_", " ").replace("-", " ") for _, word, _ in items])
         entries: dict[tuple[str, ...], dict[str, float]] = {}
         for (attribute, _, weight), terms_of in zip(items, analysed, strict=True):
@@ -77,15 +85,17 @@ class Lexicon:
         return found
 
 
-_LEXICONS: dict[bool, Lexicon] = {}
+_LEXICONS: dict[tuple[bool, bool], Lexicon] = {}
 
 
-def lexicon(analyse: Callable[[list[str]], list[list[str]]], units: bool = True) -> Lexicon:
+def lexicon(
+    analyse: Callable[[list[str]], list[list[str]]], units: bool = True, glossed: bool = True
+) -> Lexicon:
     """The process's lexicon, built on first use (a few milliseconds; it does not depend on
     the corpus). `analyse` must be the analysis every ranker uses."""
-    found = _LEXICONS.get(units)
+    found = _LEXICONS.get((units, glossed))
     if found is None:
-        found = _LEXICONS[units] = Lexicon(analyse, units)
+        found = _LEXICONS[(units, glossed)] = Lexicon(analyse, units, glossed)
     return found
 
 

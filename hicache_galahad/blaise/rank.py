@@ -61,6 +61,7 @@ class RankParams:
     candidates: int = 12  # sections whose sentences are scored
     subject: bool = True  # candidates hold the most of the question's names (see search)
     units: bool = True  # the attribute lexicon includes WordNet's units of measurement
+    glossed: bool = True  # ... and the words whose first sense's definition names one
     tally: bool = True  # "how many" asks for a count: a number with a unit is a measure
 
 
@@ -411,7 +412,7 @@ class Ranker:
         wanted = answer.question_type(question)
         asked: dict[str, float] = {}
         if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
-            lexicon = attributes.lexicon(_analyse_many, params.units)
+            lexicon = attributes.lexicon(_analyse_many, params.units, params.glossed)
             asked = lexicon.attributes(self.analyzer.terms(_common_words(question)))
             wanted = wanted or attributes.answer_type(asked)
         question_words = set(_WORD.findall(question.lower()))
