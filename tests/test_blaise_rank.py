@@ -315,3 +315,24 @@ def test_a_word_whose_first_sense_names_an_attribute_asks_for_it():
         for number in range(2, 12):
             ranker.add(number, FILLER)
         assert (ranker.search(question, 1)[0][0] == 0) is glossed
+
+
+def test_among_sections_naming_the_subject_what_they_state_decides():
+    """Once every candidate names the question's subject, a long section that holds the
+    asked kind of value lost to a short one about the same name that does not (the same
+    entity with another attribute: the dominant miss of issue 22's independent test)."""
+    fact = FILLER * 6 + "At its peak the Theamrurk mine had 17,561 men underground. " + FILLER * 6
+    decoy = "The Theamrurk mine was abandoned in 1902."
+    question = "How many workers did the Theamrurk mine have?"
+    for decisive in (True, False):
+        ranker = Ranker(RankParams(decisive=decisive))
+        ranker.add(0, fact)
+        ranker.add(1, decoy)
+        for number in range(2, 12):
+            ranker.add(number, FILLER)
+        assert (ranker.search(question, 1)[0][0] == 0) is decisive
+    # without a name in the question, the lexical fusion orders as before
+    ranker = Ranker()
+    ranker.add(0, fact)
+    ranker.add(1, decoy)
+    assert ranker.search("how many men were underground at the mine", 1)[0][0] in (0, 1)

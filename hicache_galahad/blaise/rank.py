@@ -62,6 +62,7 @@ class RankParams:
     subject: bool = True  # candidates hold the most of the question's names (see search)
     units: bool = True  # the attribute lexicon includes WordNet's units of measurement
     glossed: bool = True  # ... and the words whose first sense's definition names one
+    decisive: bool = True  # among sections naming the subject, answer evidence decides
     tally: bool = True  # "how many" asks for a count: a number with a unit is a measure
 
 
@@ -402,8 +403,9 @@ class Ranker:
         hit = np.flatnonzero(tf.any(axis=1))
         if not len(hit):
             return []
+        named = False
         if params.subject:
-            hit = self._about_subject(question, terms, tf, idf, hit)
+            hit, named = self._about_subject(question, terms, tf, idf, hit)
         ranked = sorted(
             zip(corpus.ids[hit].tolist(), scores[hit].tolist(), strict=True),
             key=lambda kv: (-kv[1], kv[0]),
@@ -418,13 +420,16 @@ class Ranker:
         question_words = set(_WORD.findall(question.lower()))
         total_idf = sum(idf.values())
         fused = []
+        evidence: dict[int, float] = {}  # answer type held + attribute agreement
         for section, score in candidates:
             sentence_score, sentence, sentence_terms = self._best_sentence(
                 self._sections[section], stem_of, idf
             )
             total = score + params.sentence_weight * sentence_score
+            evidence[section] = 0.0
             if wanted is not None and sentence and self._holds(sentence, wanted, question_words):
                 total += params.answer_weight * total_idf
+                evidence[section] += 1.0
             if asked and sentence:
                 # what the sentence states beyond the question's own words
                 stated_terms = set(self.analyzer.terms(_common_words(sentence)))
@@ -434,8 +439,13 @@ class Ranker:
                 covered = sum(idf[term] for term in sentence_terms)
                 agree = attributes.agreement(asked, stated)
                 total += params.attribute_weight * covered * agree
+                evidence[section] += agree
             fused.append((section, total))
-        fused.sort(key=lambda kv: (-kv[1], kv[0]))
+        if named and params.decisive:
+            # every candidate names the question's subject: what each states decides
+            fused.sort(key=lambda kv: (-evidence[kv[0]], -kv[1], kv[0]))
+        else:
+            fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
 
     def _holds(self, sentence: str, wanted, question_words) -> bool:
@@ -443,7 +453,7 @@ class Ranker:
             return attributes.holds_tally(sentence)
         return answer.holds(sentence, wanted, question_words)
 
-    def _about_subject(self, question, terms, tf, idf, hit) -> np.ndarray:
+    def _about_subject(self, question, terms, tf, idf, hit) -> tuple[np.ndarray, bool]:
         """The sections of `hit` that hold the most (by IDF) of the question's subject: its
         capitalised words after the first (names: "the Quorvane Bridge", "Lake Ennis"), those
         the corpus has. A question names what it asks about; a section without that name (a
@@ -452,10 +462,10 @@ class Ranker:
         named = set(self.analyzer.terms(" ".join(_NAMED.findall(question))))
         columns = [j for j, term in enumerate(terms) if term in named and idf[term] > 0]
         if not columns:
-            return hit
+            return hit, False
         weights = np.array([idf[terms[j]] for j in columns])
         coverage = (tf[hit][:, columns] > 0) @ weights
-        return hit[coverage >= coverage.max() - 1e-9]
+        return hit[coverage >= coverage.max() - 1e-9], True
 
     def _best_sentence(self, indexed: _Indexed, stem_of: dict[int, str], idf: dict[str, float]):
         """BM25 of the section's best sentence for the question (`stem_of`: the question's
