@@ -12,6 +12,7 @@ import logging
 import os
 from pathlib import Path
 
+import pytest
 from records import record_files, record_path
 
 from hicache_galahad.blaise import Blaise
@@ -157,3 +158,17 @@ def test_a_root_of_schema_1_still_reads(tmp_path):
         memory.remove("old.md")
         for gone in [*keys, key]:
             assert not os.path.exists(record_path(tmp_path / "blaise", namespace, gone))
+
+
+def test_an_unknown_durability_is_refused_naming_the_key(tmp_path):
+    with pytest.raises(ValueError, match="durability"):
+        Blaise(str(tmp_path), durability="sometimes")
+
+
+def test_close_makes_every_add_durable(tmp_path):
+    memory = Blaise(str(tmp_path))
+    flusher = memory._records.store.flusher
+    memory.add("doc.md", "# A\n\n" + FACT + "\n")
+    assert flusher.pending > 0
+    memory.close()
+    assert flusher.pending == 0
