@@ -16,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hicache_galahad.record import format as fmt
+from hicache_galahad.record import verifier
 from hicache_galahad.record.crypto import RecordCipher, derive_tenant_key
 from hicache_galahad.record.namespace import Namespace
 
@@ -53,7 +54,7 @@ def decode(data, **overrides):
         decompress=decompress,
     )
     arguments.update(overrides)
-    return fmt.decode_record(data, **arguments)
+    return verifier.decode_record(data, **arguments)
 
 
 def patched(data: bytes, offset: int, value: bytes) -> bytes:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 
 from . import format as fmt
+from . import verifier
 from .crypto import RecordCipher, derive_tenant_key
 from .namespace import Namespace
 
@@ -101,9 +102,20 @@ class RecordCodec:
         except zstandard.ZstdError as error:
             raise fmt.DecompressionError(str(error)) from error
 
+    def check_header(self, prefix, file_len: int, key_bytes: bytes, namespace_digest: bytes):
+        """V1-V12 (verifier.check_header) under this store's protection policy."""
+        return verifier.check_header(
+            prefix,
+            file_len,
+            key=key_bytes,
+            namespace=namespace_digest,
+            require_encryption=self.encrypted,
+            allow_unverified=self.allow_unverified,
+        )
+
     def check_identity(self, header: fmt.Header, key_bytes: bytes, namespace_digest: bytes):
-        """V10-V12 under this store's protection policy."""
-        fmt.check_identity(
+        """V10-V12 (verifier.check_identity) under this store's protection policy."""
+        verifier.check_identity(
             header,
             key=key_bytes,
             namespace=namespace_digest,
@@ -111,9 +123,22 @@ class RecordCodec:
             allow_unverified=self.allow_unverified,
         )
 
+    def decode_record(self, data, key_bytes: bytes, namespace: Namespace, expected_raw_len):
+        """V1-V16 on a whole record in memory under this store's settings; the raw page."""
+        return verifier.decode_record(
+            data,
+            key=key_bytes,
+            namespace=namespace.digest,
+            expected_raw_len=expected_raw_len,
+            cipher=self.cipher(namespace.tenant),
+            decompress=self.decompress,
+            require_encryption=self.encrypted,
+            allow_unverified=self.allow_unverified,
+        )
+
     def decode_payload(self, header: fmt.Header, header_bytes, payload, tenant: str | None):
         """V13-V15 on a whole payload in memory; the raw page."""
-        return fmt.decode_payload(
+        return verifier.decode_payload(
             header,
             header_bytes,
             payload,
@@ -122,20 +147,12 @@ class RecordCodec:
         )
 
     def expected_plain_header(self, namespace: Namespace, key_len: int, raw_len: int) -> bytes:
-        """Bytes [0, 80) of a sound plaintext record of this store: everything but the digest
-        is determined by what the reader asks for, so one comparison checks V1-V12."""
+        """verifier.expected_plain_header for this store's digest, cached."""
         cache_key = (namespace.digest, key_len, raw_len)
         template = self._templates.get(cache_key)
         if template is None:
-            template = bytes(
-                fmt.pack_header(
-                    flags=0,
-                    payload_len=raw_len,
-                    raw_len=raw_len,
-                    namespace=namespace.digest,
-                    key=b"k" * key_len,
-                    digest_alg=self.digest_alg,
-                )[: fmt.DIGEST_OFFSET]
+            template = verifier.expected_plain_header(
+                namespace.digest, key_len, raw_len, self.digest_alg
             )
             if len(self._templates) > HEADER_TEMPLATE_CACHE_ENTRIES:
                 self._templates.clear()

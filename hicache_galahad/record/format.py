@@ -3,7 +3,8 @@
 Pure code: no I/O, no torch, no sglang. A record is a fixed 112-byte little-endian header, the
 key echo, then the payload. The digest (or the AES-GCM tag) covers the header and the payload,
 so any flipped bit anywhere in a record is caught. Every validation rule of FORMAT.md (V0..V16)
-has its own exception class here, each carrying its rule id.
+has its own exception class here, each carrying its rule id; `parse_header` checks the
+structure (V1-V9), and verifier.py applies every rule, for every read path.
 """
 
 from __future__ import annotations
@@ -143,10 +144,6 @@ class Header:
     digest: bytes
 
     @property
-    def total_len(self) -> int:
-        return self.header_len + self.payload_len
-
-    @property
     def compressed(self) -> bool:
         return bool(self.flags & FLAG_ZSTD)
 
@@ -230,8 +227,8 @@ def seal_digest(header: bytearray, payload_chunks, digest_alg: int) -> None:
 def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Header:
     """Checks V1-V9 on a record's first bytes (at least FIXED_HEADER_BYTES + key length).
 
-    `file_len` is the record's total length on disk. Rules that need the caller's context
-    (V10-V15) are checked by `check_identity` and the payload verification.
+    `file_len` is the record's total length on disk. The rules that need the reader's
+    context (V10-V16) are verifier.py's.
     """
     if len(prefix) < FIXED_HEADER_BYTES or file_len < FIXED_HEADER_BYTES:
         raise TruncatedHeaderError(f"record of {file_len} bytes is shorter than its header")
@@ -291,38 +288,6 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
     )
 
 
-def check_identity(
-    header: Header,
-    *,
-    key: bytes,
-    namespace: bytes,
-    require_encryption: bool,
-    allow_unverified: bool = False,
-) -> None:
-    """Checks V10-V12: the record is the one asked for, in the reader's namespace, and at
-    least as protected as the reader's policy demands."""
-    if header.key != key:
-        raise KeyMismatchError("key echo differs from the requested key")
-    if header.namespace != namespace:
-        raise NamespaceMismatchError("record belongs to another namespace")
-    if require_encryption and not header.encrypted:
-        raise ProtectionPolicyError("plaintext record in an encrypted store")
-    if not header.encrypted and header.digest_alg == DIGEST_NONE and not allow_unverified:
-        raise ProtectionPolicyError("record carries neither a digest nor an AEAD tag")
-
-
-def verify_digest(header: Header, header_bytes, payload_chunks) -> None:
-    """Checks V13 over the header bytes and the stored payload."""
-    hasher = new_digest(header.digest_alg)
-    if hasher is None:
-        return
-    hash_header(hasher, header_bytes)
-    for chunk in payload_chunks:
-        hasher.update(chunk)
-    if hasher.digest() != header.digest:
-        raise DigestMismatchError("digest mismatch")
-
-
 def as_segments(data) -> list[memoryview]:
     """A buffer, or a list of buffers taken as their concatenation, as byte memoryviews."""
     if isinstance(data, list | tuple):
@@ -380,75 +345,3 @@ def encode_record(
     )
     seal_digest(header, body, digest_alg)
     return header, body
-
-
-def open_payload(header: Header, header_bytes, payload, *, cipher=None):
-    """The stored body of a verified-length payload after V13 and V14 (digest, or tag and
-    decryption): the page, or its zstd frame. cipher: as for decode_payload."""
-    verify_digest(header, header_bytes, [payload])
-    body = payload
-    if header.encrypted:
-        if cipher is None:
-            raise AuthenticationError("encrypted record and no key for it")
-        body = cipher.open(header.nonce, payload, bytes(header_bytes))
-        if body is None:
-            raise AuthenticationError("AES-GCM tag does not verify")
-    return body
-
-
-def decode_payload(header: Header, header_bytes, payload, *, cipher=None, decompress=None):
-    """The raw page from a verified-length payload: checks V13-V15 and returns the bytes.
-
-    cipher: object with open(nonce, payload, header) -> bytes | None. decompress: callable
-    (payload, raw_len) -> bytes raising DecompressionError on a bad frame.
-    """
-    body = open_payload(header, header_bytes, payload, cipher=cipher)
-    if header.compressed:
-        if decompress is None:
-            raise DecompressionError("compressed record and no decompressor")
-        body = decompress(body, header.raw_len)
-    if len(body) != header.raw_len:
-        raise DecompressionError("payload does not decode to its raw length")
-    return body
-
-
-def decode_record(
-    data,
-    *,
-    key: bytes,
-    namespace: bytes,
-    expected_raw_len: int | None = None,
-    cipher=None,
-    decompress=None,
-    require_encryption: bool = False,
-    allow_unverified: bool = False,
-):
-    """Applies every rule (V1-V16) to a whole record in memory and returns the raw page.
-    The raw length it claims is compared with `expected_raw_len` before anything is
-    decompressed: a record of another size is V16 (a frame claiming 1 GiB is never
-    inflated), after its digest or tag (V13, V14) when its stored bytes are no more than
-    the page's, so that damage to its header is still told from another page size."""
-    data = memoryview(data).cast("B")
-    header = parse_header(data, len(data))
-    check_identity(
-        header,
-        key=key,
-        namespace=namespace,
-        require_encryption=require_encryption,
-        allow_unverified=allow_unverified,
-    )
-    if expected_raw_len is not None and header.raw_len != expected_raw_len:
-        if header.payload_len <= expected_raw_len + TAG_BYTES:
-            open_payload(
-                header, data[: header.header_len], data[header.header_len :], cipher=cipher
-            )
-        raise RawSizeError(
-            f"record holds {header.raw_len} bytes, reader expects {expected_raw_len}"
-        )
-    return decode_payload(
-        header,
-        data[: header.header_len],
-        data[header.header_len :],
-        cipher=cipher,
-        decompress=decompress,
-    )

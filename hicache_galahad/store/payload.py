@@ -1,7 +1,8 @@
 """A record's payload into the caller's buffers, once its header has passed: plain records
 hashed while each piece is in cache, sealed (AES-256-GCM) records decrypted in place, or, for a
 small page of several pieces, in a per-thread scratch buffer. reader.py decides what is read
-and what a failure means; this module only moves and checks bytes.
+and what a failure means, the rules are record/verifier.py's; this module only moves bytes
+and feeds them to the verifier.
 """
 
 from __future__ import annotations
@@ -9,9 +10,8 @@ from __future__ import annotations
 import os
 import threading
 
-from cryptography.exceptions import InvalidTag
-
 from ..record import format as fmt
+from ..record import verifier
 
 READ_CHUNK_BYTES = 1 << 20
 IOV_MAX = 1024
@@ -50,20 +50,17 @@ def read_batches(segments):
 
 def read_plain_into(fd, header, header_bytes, segments) -> None:
     """Reads straight into the caller's buffers, hashing each piece while it is in cache."""
-    hasher = fmt.new_digest(header.digest_alg)
-    if hasher is not None:
-        fmt.hash_header(hasher, header_bytes)
+    digest = verifier.Digest.of(header, header_bytes)
     position = header.header_len
     for batch in read_batches(segments):
         expected = sum(len(piece) for piece in batch)
         if os.preadv(fd, batch, position) != expected:
             raise fmt.LengthMismatchError("record shrank while being read")
         position += expected
-        if hasher is not None:
+        if digest.active:
             for piece in batch:
-                hasher.update(piece)
-    if hasher is not None and hasher.digest() != header.digest:
-        raise fmt.DigestMismatchError("digest mismatch")
+                digest.update(piece)
+    digest.finish()
 
 
 def read_sealed_into(fd, header, header_bytes, segments, cipher, scratch, flags=0) -> None:
@@ -87,10 +84,7 @@ def read_sealed_into(fd, header, header_bytes, segments, cipher, scratch, flags=
     decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
     for segment in segments:
         _decrypt_in_place(decryptor, segment)
-    try:
-        decryptor.finalize()
-    except InvalidTag:
-        raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
+    verifier.finish_tag(decryptor)
 
 
 def _read_sealed_via_scratch(fd, header, header_bytes, segments, cipher, scratch, flags):
@@ -105,10 +99,7 @@ def _read_sealed_via_scratch(fd, header, header_bytes, segments, cipher, scratch
         raise fmt.LengthMismatchError("record shrank while being read")
     decryptor = cipher.decryptor(header.nonce, bytes(tag), bytes(header_bytes))
     decryptor.update_into(ciphertext, buffer[: size + 15])  # GCM writes what it reads
-    try:
-        decryptor.finalize()
-    except InvalidTag:
-        raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
+    verifier.finish_tag(decryptor)
     offset = 0
     for segment in segments:
         segment[:] = buffer[offset : offset + len(segment)]

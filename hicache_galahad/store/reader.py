@@ -3,6 +3,8 @@
 `RecordReader.read_into` serves a record into the caller's buffers; `verify_file` checks a
 record found on disk (for `check`) with the same rules, streaming, without holding it whole.
 Both raise a format.FormatError naming the broken rule; the store turns that into a miss.
+The rules, their order and the rule a failure names are record/verifier.py's: this module
+decides only how the bytes are read.
 """
 
 from __future__ import annotations
@@ -13,9 +15,8 @@ import os
 import stat
 import time
 
-from cryptography.exceptions import InvalidTag
-
 from ..record import format as fmt
+from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
 from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, record_filename
@@ -227,15 +228,14 @@ class RecordReader:
             or head[digest_end : fmt.FIXED_HEADER_BYTES] != codec.digest_padding
         ):
             return False
-        hasher = fmt.new_digest(codec.digest_alg)
-        if hasher is None:
+        digest = verifier.Digest(codec.digest_alg, bytes(head[fmt.DIGEST_OFFSET : digest_end]))
+        if not digest.active:
             return codec.allow_unverified
-        digest = bytes(head[fmt.DIGEST_OFFSET : digest_end])
         head[fmt.DIGEST_OFFSET : digest_end] = codec.digest_zeros  # hashed as zeros
-        hasher.update(head)
+        digest.update(head)
         for segment in segments:
-            hasher.update(segment)
-        return hasher.digest() == digest
+            digest.update(segment)
+        return digest.matches()
 
     def read_header(self, fd, file_len: int, namespace: Namespace, key_bytes: bytes, flags=0):
         """(header, its bytes) of the record open at fd, after V1-V12; `flags` go to preadv."""
@@ -244,34 +244,28 @@ class RecordReader:
             del prefix[os.preadv(fd, [prefix], 0, flags) :]
         else:
             prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-        header = fmt.parse_header(prefix, file_len)
-        self.codec.check_identity(header, key_bytes, namespace.digest)
+        header = self.codec.check_header(prefix, file_len, key_bytes, namespace.digest)
         return header, prefix[: header.header_len]
 
     def _read_sealed_into(self, fd, header, header_bytes, segments, namespace, flags=0) -> None:
         cipher = self.codec.cipher(namespace.tenant)
         if cipher is None:
-            raise fmt.AuthenticationError("encrypted record and no key for it")
+            raise verifier.no_key()
         read_sealed_into(fd, header, header_bytes, segments, cipher, self._scratch, flags)
         self._key_proven.add(namespace.dirname)
 
     def _read_verified(self, fd, file_len, namespace, key_bytes, segments) -> None:
         header, header_bytes = self.read_header(fd, file_len, namespace, key_bytes)
-        expected_len = sum(len(segment) for segment in segments)
         # Every length the record claims is bounded by the page before a payload byte is read
-        # or decoded: raw_len here, the stored length by V9 (at most raw_len, plus the tag),
-        # the file's by V8. A record of another size is V16 (left in place) without being
-        # decompressed; its digest or tag is checked first only when its stored bytes are no
-        # more than the page's (as cheap as the read asked for), so that damage to its
-        # header is still quarantined.
-        if header.raw_len != expected_len:
-            if header.payload_len <= expected_len + fmt.TAG_BYTES:
-                self._verify_payload_stream(
-                    fd, header, header_bytes, namespace.tenant, decompress=False
-                )
-            raise fmt.RawSizeError(
-                f"record holds {header.raw_len} bytes, reader expects {expected_len}"
-            )
+        # or decoded: raw_len here (V16, verifier.check_page_size), the stored length by V9
+        # (at most raw_len, plus the tag), the file's by V8.
+        verifier.check_page_size(
+            header,
+            sum(len(segment) for segment in segments),
+            lambda: self._verify_payload_stream(
+                fd, header, header_bytes, namespace.tenant, decompress=False
+            ),
+        )
         if not header.compressed and not header.encrypted:
             read_plain_into(fd, header, header_bytes, segments)
             return
@@ -297,18 +291,8 @@ class RecordReader:
     def decode_value(self, namespace: Namespace, key: str, value, expected_raw_len: int):
         """The raw page of a whole record held in memory (a value from a shared tier), after
         the same rules as a record on disk (V1-V16); raises format.FormatError."""
-        codec = self.codec
-        raw = fmt.decode_record(
-            value,
-            key=fmt.encode_key(key),
-            namespace=namespace.digest,
-            expected_raw_len=expected_raw_len,
-            cipher=codec.cipher(namespace.tenant),
-            decompress=codec.decompress,
-            require_encryption=codec.encrypted,
-            allow_unverified=codec.allow_unverified,
-        )
-        if codec.encrypted:
+        raw = self.codec.decode_record(value, fmt.encode_key(key), namespace, expected_raw_len)
+        if self.codec.encrypted:
             self._key_proven.add(namespace.dirname)
         return memoryview(raw).cast("B")
 
@@ -323,20 +307,24 @@ class RecordReader:
             file_len = os.fstat(fd).st_size
             prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
             header = fmt.parse_header(prefix, file_len)
-            if header.namespace.hex()[:32] != entry.dirname or (
-                namespace is not None and header.namespace != namespace.digest
-            ):
-                raise fmt.NamespaceMismatchError("record is not of its directory's namespace")
+            # The key asked for is the one the file name stands for (V10); the namespace, the
+            # directory's (V11); then the rules of any read (verifier).
             if record_filename(header.key.decode("utf-8", "surrogateescape")) != entry.name:
                 raise fmt.KeyMismatchError("file name does not match the record's key")
-            self.codec.check_identity(header, header.key, header.namespace)
-            page_bytes = expected_page_bytes(namespace)
-            if page_bytes is not None and header.raw_len != page_bytes:
-                raise fmt.RawSizeError(  # never streamed: it cannot be a page of this pool
-                    f"record holds {header.raw_len} bytes, the namespace's pages {page_bytes}"
-                )
+            if header.namespace.hex()[:32] != entry.dirname:
+                raise fmt.NamespaceMismatchError("record is not of its directory's namespace")
+            expected_namespace = header.namespace if namespace is None else namespace.digest
+            self.codec.check_identity(header, header.key, expected_namespace)
             tenant = namespace.tenant if namespace is not None else None
-            self._verify_payload_stream(fd, header, prefix[: header.header_len], tenant)
+            header_bytes = prefix[: header.header_len]
+            verifier.check_page_size(
+                header,
+                expected_page_bytes(namespace),
+                lambda: self._verify_payload_stream(
+                    fd, header, header_bytes, tenant, decompress=False
+                ),
+            )
+            self._verify_payload_stream(fd, header, header_bytes, tenant)
             if header.encrypted:
                 self._key_proven.add(entry.dirname)
             return header
@@ -347,43 +335,43 @@ class RecordReader:
         self, fd, header, header_bytes, tenant: str | None, decompress: bool = True
     ) -> None:
         """V13-V15 over the payload, READ_CHUNK_BYTES at a time (V15 only with
-        `decompress`)."""
-        hasher = fmt.new_digest(header.digest_alg)
-        if hasher is not None:
-            fmt.hash_header(hasher, header_bytes)
+        `decompress`). A frame that fails to decode is named V15 only once the digest or the
+        tag over the stored bytes has passed: damage to the stored bytes is V13 or V14, as on
+        every other path."""
+        digest = verifier.Digest.of(header, header_bytes)
         decryptor = None
         body_len = header.payload_len
         if header.encrypted:
             cipher = self.codec.cipher(tenant) if tenant is not None else None
             if cipher is None:
-                raise fmt.AuthenticationError("encrypted record and no key for it")
+                raise verifier.no_key()
             body_len -= fmt.TAG_BYTES
             tag = os.pread(fd, fmt.TAG_BYTES, header.header_len + body_len)
             decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
-        source = _PayloadSource(fd, header.header_len, body_len, hasher, decryptor)
-        decoded_len = header.raw_len
+        source = _PayloadSource(fd, header.header_len, body_len, digest, decryptor)
+        decoded_len, undecodable = header.raw_len, None
         if header.compressed and decompress:
-            decoded_len = _decoded_length(source, header.raw_len)
+            try:
+                decoded_len = _decoded_length(source, header.raw_len)
+            except fmt.DecompressionError as error:
+                undecodable = error
         elif not header.compressed:
             decoded_len = body_len
         source.drain()
-        if hasher is not None and hasher.digest() != header.digest:
-            raise fmt.DigestMismatchError("digest mismatch")
+        digest.finish()
         if decryptor is not None:
-            try:
-                decryptor.finalize()
-            except InvalidTag:
-                raise fmt.AuthenticationError("AES-GCM tag does not verify") from None
-        if decoded_len != header.raw_len:
-            raise fmt.DecompressionError("payload does not decode to exactly its raw length")
+            verifier.finish_tag(decryptor)
+        if undecodable is not None:
+            raise undecodable
+        verifier.check_decoded_length(decoded_len, header)
 
 
 class _PayloadSource:
     """A record's payload as a file-like source that hashes and decrypts what it hands out."""
 
-    def __init__(self, fd: int, start: int, length: int, hasher, decryptor):
+    def __init__(self, fd: int, start: int, length: int, digest, decryptor):
         self._fd, self._position, self._end = fd, start, start + length
-        self._hasher, self._decryptor = hasher, decryptor
+        self._digest, self._decryptor = digest, decryptor
 
     def read(self, size: int = -1) -> bytes:
         size = self._end - self._position if size < 0 else min(size, self._end - self._position)
@@ -393,8 +381,7 @@ class _PayloadSource:
         if len(data) != size:
             raise fmt.LengthMismatchError("record shrank while being read")
         self._position += size
-        if self._hasher is not None:
-            self._hasher.update(data)
+        self._digest.update(data)
         return self._decryptor.update(data) if self._decryptor is not None else data
 
     def drain(self) -> None:

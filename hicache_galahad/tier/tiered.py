@@ -35,9 +35,9 @@ from ..config.mooncake import NO_SHARED_KEY
 from ..errors import ConfigError
 from ..record import format as fmt
 from ..record.namespace import Namespace
+from ..store import RecordStore
 from ..telemetry.metrics import RateLimitedLog
 from .mooncake.integrity import TAG_BYTES
-from ..store import RecordStore
 
 log = logging.getLogger("hicache_galahad")
 KEY_PREFIX = "galahad"
@@ -267,15 +267,11 @@ class TieredStore:
 
     def _open(self, namespace: Namespace, key: str, name: str, value, size: int):
         """(the raw page, None) from a Mooncake value in private memory, or (None, the
-        FormatError it broke): the integrity tag (M1), then the lengths the header claims
-        against the page expected (before anything is decompressed), then V1-V16."""
+        FormatError it broke): the integrity tag (M1), then V1-V16 by the local reader, as for
+        a record on disk (record/verifier.py: the page size before anything is decompressed,
+        a zstd frame's stated size before it is inflated)."""
         try:
             record = self._tag.open(name, value) if self._tag is not None else value
-            header = fmt.parse_header(record, len(record))
-            if header.raw_len != size:
-                raise fmt.RawSizeError(f"value holds {header.raw_len} bytes, the page is {size}")
-            if header.compressed and not header.encrypted:
-                _check_frame(record[header.header_len :], size)
             return self.local.reader.decode_value(namespace, key, record, size), None
         except fmt.FormatError as error:
             return None, error
@@ -335,16 +331,3 @@ class TieredStore:
             self.tier.close()
         finally:
             self.local.close()
-
-
-def _check_frame(payload, size: int) -> None:
-    """V15 before decompressing: a zstd frame that names its content size must name the page's
-    (python-zstandard allocates what the frame header names, whatever the bound it is given)."""
-    import zstandard
-
-    try:
-        claimed = zstandard.frame_content_size(payload)
-    except zstandard.ZstdError as error:
-        raise fmt.DecompressionError(f"bad zstd frame header: {error}") from None
-    if claimed not in (-1, size):
-        raise fmt.DecompressionError(f"zstd frame claims {claimed} bytes, the page is {size}")

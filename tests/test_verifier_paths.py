@@ -1,0 +1,206 @@
+"""One verdict per record, whichever path reads it: every read path of the product runs the
+same corpus of sound, damaged and foreign records and must agree on the verdict and on the
+rule of docs/FORMAT.md it names.
+
+The paths: the page-cache read (`RecordReader.read_cached_into`, which only serves or
+declines), the full read (`read_into`, on the I/O threads), the streaming check of `galahad
+verify` (`verify_file`), a Mooncake value (`decode_value`: the record held in memory), the
+store's silent check (`RecordStore.verify`) and the writer's "already stored?" check (which
+reads only the header: it must agree whenever the damage shows in the header or the size).
+The records are real files written by a real store; the damage is done to their bytes.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+from records import write_key_file
+from store_helpers import content
+
+from hicache_galahad.errors import FormatError
+from hicache_galahad.record import format as fmt
+from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store import RecordStore
+from hicache_galahad.store.layout import record_filename
+
+PAGE = 24_576
+GEOMETRY = {"page_bytes": PAGE, "layers": 2}
+NS = Namespace("tenant-a", "model-fp-1", "kv", GEOMETRY)
+NS_OTHER = Namespace("tenant-a", "model-fp-1", "kv-other", GEOMETRY)
+KEY, OTHER_KEY = "a" * 64, "b" * 64  # one key length: a swapped record differs in its echo
+MODES = {
+    "plain": ("none", False),
+    "zstd": ("zstd", False),
+    "aes": ("none", True),
+    "aes-zstd": ("zstd", True),
+}
+HEADER_RULES = {f"V{number}" for number in range(0, 13)} | {"V16"}  # seen by the header alone
+
+
+def _flip(data: bytearray, offset: int, mask: int = 0x01) -> bytearray:
+    data = bytearray(data)
+    data[offset] ^= mask
+    return data
+
+
+def corpus(sound: bytes, other_key: bytes, other_namespace: bytes, plain: bytes | None, small):
+    """name -> (record bytes, the rule every path must name; None: several may apply, the
+    paths must still agree; "ok": sound)."""
+    header = fmt.parse_header(sound, len(sound))
+    end, start = len(sound), header.header_len
+    body_end = end - (fmt.TAG_BYTES if header.encrypted else 0)
+    items = {
+        "sound": (sound, "ok"),
+        "to-zero": (b"", "V1"),
+        "inside-fixed-header": (sound[:50], "V1"),
+        "header-only": (sound[:start], "V8"),
+        "by-1-byte": (sound[:-1], "V8"),
+        "append-1-byte": (sound + b"\x00", "V8"),
+        "zero-header": (bytes(fmt.FIXED_HEADER_BYTES) + sound[fmt.FIXED_HEADER_BYTES :], "V2"),
+        "magic": (_flip(sound, 0), "V2"),
+        "version": (_flip(sound, 8), "V3"),
+        "flags-unknown": (_flip(sound, 11, 0x80), "V4"),
+        "reserved": (_flip(sound, 67), "V5"),
+        "header_len": (_flip(sound, 12), None),
+        "payload_len": (_flip(sound, 16), None),
+        "raw_len-high": (_flip(sound, 31, 0x80), "V7"),
+        "raw_len": (_flip(sound, 24), None),
+        "namespace": (_flip(sound, 40), "V11"),
+        "key_echo": (_flip(sound, start - 1), "V10"),
+        "digest-or-nonce": (_flip(sound, 70 if header.encrypted else 90), None),
+        "payload-first": (_flip(sound, start), None),
+        "payload-middle": (_flip(sound, (start + body_end) // 2), None),
+        "payload-last": (_flip(sound, body_end - 1), None),
+        "other-key": (other_key, "V10"),
+        "other-namespace": (other_namespace, "V11"),
+        "other-page-size": (small, "V16"),
+    }
+    if header.encrypted:
+        items["tag-first"] = (_flip(sound, end - fmt.TAG_BYTES), "V14")
+        items["tag-last"] = (_flip(sound, end - 1, 0x80), "V14")
+    if plain is not None:
+        items["plaintext-in-encrypted-store"] = (plain, "V12")
+    return items
+
+
+def _rule(call) -> str:
+    try:
+        call()
+    except FormatError as error:
+        return error.rule
+    return "ok"
+
+
+class Paths:
+    """Every path, over the record file of KEY in NS of one store."""
+
+    def __init__(self, store: RecordStore):
+        self.store = store
+        self.reader = store.reader
+        self.writer = store.writer
+
+    def full_read(self) -> tuple[str, bytes | None]:
+        out = bytearray(PAGE)
+        rule = _rule(lambda: self.reader.read_into(NS, KEY, out))
+        return rule, bytes(out) if rule == "ok" else None
+
+    def cached_read(self) -> tuple[bool, bytes]:
+        out = bytearray(PAGE)
+        served = self.reader.read_cached_into(NS, KEY, out, record_filename(KEY))
+        return served, bytes(out)
+
+    def streaming_check(self) -> str:
+        entry = next(
+            entry
+            for entry in self.store.layout.records([NS.dirname])
+            if entry.name == record_filename(KEY)
+        )
+        return _rule(lambda: self.reader.verify_file(entry, NS))
+
+    def mooncake_value(self, data: bytes) -> tuple[str, bytes | None]:
+        result = []
+        rule = _rule(lambda: result.append(bytes(self.reader.decode_value(NS, KEY, data, PAGE))))
+        return rule, result[0] if result else None
+
+    def writer_says_sound(self) -> bool | None:
+        dir_fd = self.store.layout.namespace_fd(NS.dirname)
+        return self.writer._existing_is_sound(
+            NS, dir_fd, fmt.encode_key(KEY), record_filename(KEY), PAGE
+        )
+
+
+@pytest.fixture(params=sorted(MODES))
+def world(request, tmp_path):
+    compression, encrypted = MODES[request.param]
+    key_file = write_key_file(tmp_path / "master.key") if encrypted else None
+
+    def open_store(root, key=key_file):
+        store = RecordStore(
+            str(tmp_path / root),
+            compression=compression,
+            encryption_key_file=key,
+            durability="none",
+        )
+        store.register_namespace(NS)
+        store.register_namespace(NS_OTHER)
+        return store
+
+    store = open_store("store")
+    page = content(KEY, PAGE, compressible=True)
+    assert store.put(NS, KEY, page)
+    assert store.put(NS, OTHER_KEY, content(OTHER_KEY, PAGE, compressible=True))
+    assert store.put(NS_OTHER, KEY, page)
+    other_size = open_store("other-size")  # a sound record of KEY, of half a page
+    assert other_size.put(NS, KEY, content(KEY, PAGE // 2, compressible=True))
+    small = _read(other_size, NS, KEY)
+    other_size.close()
+    plain = None
+    if encrypted:
+        plain_store = open_store("plain", key=None)
+        assert plain_store.put(NS, KEY, page)
+        plain = _read(plain_store, NS, KEY)
+        plain_store.close()
+    sound = _read(store, NS, KEY)
+    items = corpus(sound, _read(store, NS, OTHER_KEY), _read(store, NS_OTHER, KEY), plain, small)
+    yield store, page, items
+    store.close()
+
+
+def _read(store, namespace, key) -> bytes:
+    path = os.path.join(store.layout.namespace_dir(namespace.dirname), record_filename(key))
+    with open(path, "rb") as record:
+        return record.read()
+
+
+def _write(store, data: bytes) -> None:
+    path = os.path.join(store.layout.namespace_dir(NS.dirname), record_filename(KEY))
+    with open(path, "wb") as record:
+        record.write(data)
+
+
+def test_every_read_path_gives_the_same_verdict_and_rule(world):
+    store, page, items = world
+    paths = Paths(store)
+    disagreements = []
+    for name, (data, expected) in items.items():
+        _write(store, data)
+        full, full_bytes = paths.full_read()
+        _write(store, data)  # (a read may have moved a damaged record to quarantine)
+        streaming = paths.streaming_check()
+        value, value_bytes = paths.mooncake_value(data)
+        served, cached_bytes = paths.cached_read()
+        writer = paths.writer_says_sound()
+        verdicts = {"read_into": full, "verify_file": streaming, "decode_value": value}
+        if len(set(verdicts.values())) != 1 or (expected and full != expected):
+            disagreements.append(f"{name}: expected {expected}, got {verdicts}")
+            continue
+        if full == "ok":
+            assert full_bytes == page and value_bytes == page, name
+        if served:  # the page-cache path serves only what the full path serves, exactly
+            assert full == "ok" and cached_bytes == page, name
+        if full == "ok" or full in HEADER_RULES:
+            assert writer is (full == "ok"), f"{name}: the writer's check says {writer}"
+        _write(store, data)
+        assert store.verify(NS, KEY, PAGE) is (full == "ok"), name
+    assert not disagreements, "paths disagree:\n" + "\n".join(disagreements)
