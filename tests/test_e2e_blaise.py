@@ -130,3 +130,82 @@ def test_section_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path)
 
     with Blaise(str(root)) as memory:  # the text survived alongside the KV pages
         assert memory.read("harbour.md") == DOCUMENT.encode()
+
+
+ORCHARD = """# Orchard notes
+
+The orchard holds 212 apple trees of eleven kinds. Pruning happens in late February.
+
+## Pests
+
+Codling moths are trapped with pheromone lures; the traps are checked every Tuesday.
+"""
+LIGHTHOUSE = """# Lighthouse
+
+The lamp of the Quessaly lighthouse turns every nine seconds and is seen 22 miles out.
+"""
+INDEX_QUESTIONS = (
+    "Which section tells how long the Quorvane Bridge is?",
+    "Which section tells when the moth traps are checked?",
+    "Which section tells how far out the lamp is seen?",
+)
+
+
+def test_mode_2_index_pages_come_from_cache_then_from_our_store(tiny_model, tmp_path):
+    """Mode 2 (prompt_with_index): the corpus index as a page-aligned prefix. After a document
+    is added, the next prompt reuses every page of the earlier index from SGLang's cache;
+    after a restart, a third question gets the whole index from our store. Written for issue
+    22; the index's size is in docs/BLAISE.md."""
+    from transformers import AutoTokenizer
+
+    root = tmp_path / "galahad"
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    with Blaise(str(root), budget_tokens=60, min_tokens=10) as memory:
+        memory.add("harbour.md", DOCUMENT)
+        memory.add("orchard.md", ORCHARD)
+        first = memory.prompt_with_index(INDEX_QUESTIONS[0], tokenizer, page_size=PAGE_SIZE)
+        memory.add("lighthouse.md", LIGHTHOUSE)
+        prompts = [
+            first,
+            *(
+                memory.prompt_with_index(q, tokenizer, page_size=PAGE_SIZE)
+                for q in INDEX_QUESTIONS[1:]
+            ),
+        ]
+    assert all(p.prefix_len % PAGE_SIZE == 0 for p in prompts)
+    grown = prompts[1].prefix_len
+    assert grown > first.prefix_len and prompts[2].prefix_len == grown
+    assert prompts[1].input_ids[: first.prefix_len] == first.input_ids[: first.prefix_len]
+    assert max(len(p.input_ids) for p in prompts) + MAX_NEW_TOKENS < 2048
+
+    ids = [prompt.input_ids for prompt in prompts]
+    expected_second = _reusable(ids[1], ids[:1])  # the whole earlier index, in pages
+    expected_third = _reusable(ids[2], ids[:2])  # the whole grown index (and maybe a page)
+    assert expected_second >= first.prefix_len
+    assert grown <= expected_third < len(ids[2])  # the questions share their first words
+
+    server = e2e.start_server(
+        tiny_model, e2e.galahad_args(root, page_size=PAGE_SIZE), log_path=tmp_path / "first.log"
+    )
+    try:
+        assert e2e.generate(server, ids[0], MAX_NEW_TOKENS).cached_tokens == 0
+        second = e2e.generate(server, ids[1], MAX_NEW_TOKENS)
+        assert second.cached_tokens == expected_second, second.meta_info
+        assert second.cache_details.get("storage", 0) == 0, second.cache_details
+        stored = _settled_kv_files(root, expected_third // PAGE_SIZE)
+        assert stored >= grown // PAGE_SIZE
+        e2e.assert_storage_healthy(server)
+    finally:
+        server.stop()
+
+    server = e2e.start_server(
+        tiny_model, e2e.galahad_args(root, page_size=PAGE_SIZE), log_path=tmp_path / "restart.log"
+    )
+    try:
+        third = e2e.generate(server, ids[2], MAX_NEW_TOKENS)
+        assert third.cached_tokens == expected_third, third.meta_info
+        assert third.storage_tokens == expected_third, third.cache_details
+        assert third.storage_tokens // PAGE_SIZE >= grown // PAGE_SIZE  # every index page
+        e2e.assert_storage_healthy(server)
+    finally:
+        server.stop()
