@@ -6,6 +6,8 @@
         FingerprintError   the model's weights cannot be identified
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
         (one subclass per rule V0..V16, in format.py)
+      RefusedRequest       a caller's argument the backend refuses (a flat page of another
+                           size): a miss or False, counted as a refusal, never as a bug
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """
@@ -33,3 +35,9 @@ class FormatError(GalahadError):
     """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
 
     rule = "V?"
+
+
+class RefusedRequest(GalahadError, ValueError):
+    """An argument the backend refuses on purpose (a flat page that is not exactly one page
+    of its pool): the call is a miss or False, counted in `adapter_errors` but never in
+    `unexpected_errors`, which counts bugs only."""

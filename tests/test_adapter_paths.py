@@ -281,11 +281,14 @@ def test_misuse_is_a_miss_with_one_flag_per_key(galahad, tmp_path):
 def test_wrong_size_flat_pages_are_refused_without_harming_records(galahad):
     """Regression: a flat page of the wrong size reached the store, which takes a size mismatch
     for a damaged record: get() quarantined the sound record, set() published an unreadable
-    one. Now the adapter refuses such a page (a miss / False) before touching the store."""
+    one. Now the adapter refuses such a page (a miss / False) before touching the store, and
+    counts the refusal in adapter_errors, never in unexpected_errors (the exporter's "bugs
+    caught": before, each refusal counted there)."""
     pool = mha_pool()
     backend = galahad(pool)
     keys = chain_keys(2, "wrong-size")
     assert backend.batch_set_v1(keys[:1], slots_of([0], 4)) == [True]
+    before = backend.stats()
     short = torch.zeros(pool.get_dummy_flat_data_page().numel() - 1, dtype=pool.dtype)
     long_ = torch.zeros(pool.get_dummy_flat_data_page().numel() + 8, dtype=pool.dtype)
     assert backend.get(keys[0], short) is None
@@ -294,6 +297,9 @@ def test_wrong_size_flat_pages_are_refused_without_harming_records(galahad):
     assert backend.set(keys[1], short) is False
     assert backend.batch_set(keys[1:], [long_]) is False
     assert find_record(backend.store.root, keys[1]) is None
+    after = backend.stats()
+    assert after["adapter_errors"] - before["adapter_errors"] == 4
+    assert after.get("unexpected_errors", 0) == before.get("unexpected_errors", 0)
     assert backend.batch_get_v1(keys[:1], slots_of([3], 4)) == [True]
     assert_pages_equal(pool, [0], [3])
 

@@ -204,3 +204,28 @@ def test_every_read_path_gives_the_same_verdict_and_rule(world):
         _write(store, data)
         assert store.verify(NS, KEY, PAGE) is (full == "ok"), name
     assert not disagreements, "paths disagree:\n" + "\n".join(disagreements)
+
+
+def test_verify_is_silent(tmp_path):
+    """RecordStore.verify (the hybrid trailing-state check) checks a record in full but is not
+    a use of it: no get, hit or miss is counted and its time of last use stays as it was.
+    Damage it finds is still counted and quarantined. Before: every verify counted a get (and
+    a hit or a miss) and set the record's time of last use."""
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store.register_namespace(NS)
+    assert store.put(NS, KEY, content(KEY, PAGE))
+    path = os.path.join(store.layout.namespace_dir(NS.dirname), record_filename(KEY))
+    old_s = 1_000_000_000
+    os.utime(path, (old_s, old_s))
+    before = store.counters.snapshot()
+    assert store.verify(NS, KEY, PAGE)
+    assert not store.verify(NS, OTHER_KEY, PAGE)  # missing
+    after = store.counters.snapshot()
+    for name in ("gets", "hits", "misses", "get_bytes"):
+        assert after.get(name, 0) == before.get(name, 0), name
+    assert os.stat(path).st_mtime == old_s
+    _write(store, _flip(bytearray(_read(store, NS, KEY)), -1))  # damage is still found
+    assert not store.verify(NS, KEY, PAGE)
+    assert store.counters.snapshot()["corrupt"] == before.get("corrupt", 0) + 1
+    assert store.stats()["quarantined"] == 1
+    store.close()

@@ -26,6 +26,7 @@ from checkpoint.hits import ALL_PAGES, TRAILING_PAGES, PoolQuery, combine_pool_h
 
 from ..config.fingerprint import resolve_fingerprint
 from ..config.options import parse_options
+from ..errors import RefusedRequest
 from ..store import RecordStore
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog
@@ -98,15 +99,7 @@ def _never_raise(fallback):
                     # already belong to other files: never touch them again.
                     return method(self, *args, **kwargs)
             except Exception as error:
-                self.counters.add("unexpected_errors")
-                self.counters.add("adapter_errors")
-                self._warn.warning(
-                    method.__name__,
-                    "galahad: %s failed (%r); reporting a miss",
-                    method.__name__,
-                    error,
-                    exc_info=True,
-                )
+                self._caught(method.__name__, error, f"{method.__name__} failed")
             return fallback(*args, **kwargs)
 
         return guarded
@@ -116,6 +109,17 @@ def _never_raise(fallback):
 
 class GalahadStorage(HiCacheStorage):
     """Persistent, verified HiCache L3 storage on local disk."""
+
+    def _caught(self, where: str, error: Exception, what: str) -> None:
+        """The one guard of every SGLang-facing call: an exception becomes a miss, counted in
+        `adapter_errors`; a refused argument (RefusedRequest) is warned about in a line, any
+        other exception is a bug, counted in `unexpected_errors` with its traceback."""
+        self.counters.add("adapter_errors")
+        if isinstance(error, RefusedRequest):
+            self._warn.warning(f"{where}-refused", "galahad: %s: %s; a miss", what, error)
+            return
+        self.counters.add("unexpected_errors")
+        self._warn.warning(where, "galahad: %s (%r); a miss", what, error, exc_info=True)
 
     def __init__(self, storage_config, extra_kwargs=None):
         self._warn = RateLimitedLog(log)
@@ -286,11 +290,7 @@ class GalahadStorage(HiCacheStorage):
                     else [False] * len(keys)
                 )
             except Exception as error:  # one pool's failure never fails the others
-                self.counters.add("unexpected_errors")
-                self.counters.add("adapter_errors")
-                self._warn.warning(
-                    "transfer", "galahad: %s transfer failed: %r", name, error, exc_info=True
-                )
+                self._caught("transfer", error, f"{name} transfer failed")
                 results[name] = [False] * len(keys)
         return results
 

@@ -12,6 +12,7 @@ import time
 
 import torch
 
+from ..errors import RefusedRequest
 from .binding import PoolBinding
 
 
@@ -25,7 +26,7 @@ def exact_page_bytes(binding: PoolBinding, tensor: torch.Tensor) -> memoryview:
     the pool: a record of another size is never published, and never read into it."""
     data = tensor_bytes(tensor)
     if data.nbytes != binding.page_bytes:
-        raise ValueError(
+        raise RefusedRequest(
             f"a flat page of {data.nbytes} bytes for pool {binding.name}, whose pages are "
             f"{binding.page_bytes} bytes"
         )
@@ -40,7 +41,7 @@ def flat_target(binding: PoolBinding, target):
         or not target.is_contiguous()
         or (target.device.type != "cpu")
     ):
-        raise ValueError("target page must be a contiguous CPU tensor")
+        raise RefusedRequest("target page must be a contiguous CPU tensor")
     return target
 
 

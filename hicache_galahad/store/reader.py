@@ -105,11 +105,19 @@ class RecordReader:
 
     # ------------------------------------------------------------- serving reads
 
-    def read_into(self, namespace: Namespace, key: str, out, filename: str | None = None):
+    def read_into(
+        self,
+        namespace: Namespace,
+        key: str,
+        out,
+        filename: str | None = None,
+        note_use: bool = True,
+    ):
         """Fills `out` (a buffer, or a list of buffers filled in order) with the record's
         verified raw bytes, whose size must be exactly the record's. Raises
         FileNotFoundError, format.FormatError (with `.inode` set) or OSError. `filename` is
-        record_filename(key), when the caller has it already."""
+        record_filename(key), when the caller has it already; without `note_use` (a check,
+        not a use) the record's time of last use is left as it was."""
         segments = fmt.as_segments(out)
         key_bytes = fmt.encode_key(key)
         raw_len = sum(len(segment) for segment in segments)
@@ -131,7 +139,7 @@ class RecordReader:
                 except fmt.FormatError as error:
                     error.inode = info.st_ino
                     raise
-            if not self.read_only:
+            if note_use and not self.read_only:
                 self._note_use(fd, (namespace.dirname, filename))
         finally:
             os.close(fd)

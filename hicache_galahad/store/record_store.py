@@ -219,10 +219,10 @@ class RecordStore:
         return self.get(namespace, key, raw_len)
 
     def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
-        """Reads and verifies a record completely, without keeping its bytes."""
-        ok = self._read_guarded(namespace, key, bytearray(expected_size))
-        self.counters.add_many(gets=1, hits=int(ok))
-        return ok
+        """Reads and verifies a record completely, without keeping its bytes. Silent: it
+        counts no get, hit or miss and leaves the record's recency (LRU order, time of last
+        use) as it was; damage it finds is counted and quarantined as on any read."""
+        return self._read_guarded(namespace, key, bytearray(expected_size), silent=True)
 
     def _read_cached(self, namespace: Namespace, key: str, out, filename: str) -> bool:
         """The page-cache path; anything unexpected there only sends the record to the full
@@ -232,36 +232,42 @@ class RecordStore:
         except Exception:
             return False
 
-    def _read_guarded(self, namespace: Namespace, key: str, out, filename=None) -> bool:
-        """One read; False on a miss of any kind (counted here; hits are counted by the
-        caller, once per batch)."""
+    def _read_guarded(
+        self, namespace: Namespace, key: str, out, filename=None, silent: bool = False
+    ) -> bool:
+        """One read; False on a miss of any kind (counted here unless `silent`; hits are
+        counted by the caller, once per batch). A `silent` read (verify) counts only damage
+        and errors, and does not set the record's time of last use."""
+        miss = 0 if silent else 1
         try:
-            self.reader.read_into(namespace, key, out, filename)
+            self.reader.read_into(namespace, key, out, filename, note_use=not silent)
         except FileNotFoundError:
-            self.counters.add("misses")
+            self.counters.add("misses", miss)
             return False
         except fmt.FormatError as error:
-            self._on_bad_record(namespace, key, error)
+            self._on_bad_record(namespace, key, error, miss)
             return False
         except OSError as error:
             self.counters.add("io_errors")
-            self.counters.add("misses")
+            self.counters.add("misses", miss)
             self._warn.warning("read-io", "galahad: I/O error reading %s: %s", key, error)
             return False
         except Exception as error:  # a bug, not damage: never raised into the caller
             self.counters.add("unexpected_errors")
-            self.counters.add("misses")
+            self.counters.add("misses", miss)
             self._warn.warning(
                 "read-bug", "galahad: unexpected read failure: %r", error, exc_info=True
             )
             return False
         return True
 
-    def _on_bad_record(self, namespace: Namespace, key: str, error: fmt.FormatError) -> None:
+    def _on_bad_record(
+        self, namespace: Namespace, key: str, error: fmt.FormatError, miss: int = 1
+    ) -> None:
         foreign = isinstance(error, fmt.NamespaceMismatchError | fmt.KeyMismatchError)
         self.counters.add("foreign" if foreign else "corrupt")
         self.counters.add(f"failed_{error.rule}")
-        self.counters.add("misses")
+        self.counters.add("misses", miss)
         keep = self.read_only or reader_may_be_wrong(
             error, self.reader.key_proven(namespace.dirname)
         )

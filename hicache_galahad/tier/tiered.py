@@ -189,7 +189,22 @@ class TieredStore:
         return bytes(buffer) if self.get_into(namespace, key, buffer) else None
 
     def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
-        return self.get_into(namespace, key, bytearray(expected_size))
+        """Whether the record can be served, checked in full and silently: the local store's
+        verify (RecordStore.verify), else the Mooncake value, verified in private memory as
+        a read would (the tag, V1-V16) but counted as no get or hit, never written through
+        and never removed (the read that serves it decides that)."""
+        if self.local.verify(namespace, key, expected_size):
+            return True
+        if not self.tier.available:
+            return False
+        name = shared_key(namespace, key)
+        value = self.tier.get_many([name], [_value_bound(expected_size)])[0]
+        if value is None:
+            return False
+        _, error = self._open(namespace, key, name, value, expected_size)
+        if error is not None:
+            self._refused(key, error, removed=False)
+        return error is None
 
     def _fetch(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
         """Reads `keys` from Mooncake into `outs`; verifies, copies, writes through."""
