@@ -35,7 +35,7 @@ from ..record import format as fmt
 from ..record.codec import RecordCodec
 from ..record.crypto import load_master_key
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog
+from ..telemetry.metrics import Counters, RateLimitedLog, failed
 from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
@@ -266,7 +266,7 @@ class RecordStore:
     ) -> None:
         foreign = isinstance(error, fmt.NamespaceMismatchError | fmt.KeyMismatchError)
         self.counters.add("foreign" if foreign else "corrupt")
-        self.counters.add(f"failed_{error.rule}")
+        self.counters.add(failed(error.rule))
         self.counters.add("misses", miss)
         keep = self.read_only or reader_may_be_wrong(
             error, self.reader.key_proven(namespace.dirname)

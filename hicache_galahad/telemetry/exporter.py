@@ -12,6 +12,9 @@ from __future__ import annotations
 
 import threading
 
+from .metrics import COUNTERS as REGISTRY
+from .metrics import RULE_COUNTERS
+
 # store counter -> (metric name, help)
 COUNTERS = {
     "hits": ("galahad_hits_total", "Records read and verified"),
@@ -29,7 +32,7 @@ COUNTERS = {
     "no_space": ("galahad_no_space_total", "Writes refused for lack of budget or space"),
     "unexpected_errors": ("galahad_unexpected_errors_total", "Bugs caught (never raised)"),
 }
-FAILED_PREFIX = "failed_"
+assert set(COUNTERS) <= set(REGISTRY), "exported counters must be declared in metrics.py"
 LATENCY_BUCKETS_S = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 _LOCK = threading.Lock()
@@ -81,8 +84,8 @@ class Exporter:
                 self._exported[name] = value
                 if name in COUNTERS:
                     self._metrics["counters"][name].labels(self._tenant).inc(delta)
-                elif name.startswith(FAILED_PREFIX):
-                    rule = name[len(FAILED_PREFIX) :]
+                elif name in RULE_COUNTERS:
+                    rule = RULE_COUNTERS[name]
                     self._metrics["failed_checks"].labels(self._tenant, rule).inc(delta)
 
     def observe_batch(self, direction: str, seconds: float) -> None:

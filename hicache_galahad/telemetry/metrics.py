@@ -6,6 +6,51 @@ import logging
 import threading
 import time
 
+# The registry: every counter the store, the adapter and the tier over it keep in one
+# `Counters`, with what it counts. tests/test_counters.py checks that the code counts under
+# these names only (the Mooncake client's own counters are tier/mooncake/counts.py's).
+COUNTERS = {
+    "puts": "records published",
+    "puts_existing": "puts skipped: a sound record of that key was already there",
+    "puts_failed": "records that could not be stored",
+    "put_bytes": "record bytes written",
+    "gets": "records asked for by a read (not by verify)",
+    "hits": "records read and verified",
+    "misses": "reads that found no usable record",
+    "get_bytes": "page bytes served",
+    "corrupt": "records that failed a check (damage)",
+    "foreign": "records of another key or namespace (V10, V11)",
+    "io_errors": "I/O errors (EIO and the like)",
+    "no_space": "writes refused for lack of budget or space",
+    "evictions": "records evicted by the budget",
+    "evicted_bytes": "bytes evicted by the budget",
+    "eviction_misses": "records the budget chose that were already gone",
+    "quarantined": "damaged records moved to quarantine",
+    "stale_temp_removed": "temp files of dead writers removed",
+    "reclaimed_bytes": "reserved bytes of dead processes given back",
+    "ledger_rebuilds": "ledger recounts from disk",
+    "unreadable_dirs": "directories a scan could not read",
+    "namespace_write_failures": "namespace.json files that could not be written",
+    "flushes": "deferred-durability flushes",
+    "flushed_records": "records fsynced by the flusher",
+    "flush_errors": "flushes that failed",
+    "unexpected_errors": "bugs caught (never raised): nothing else is counted here",
+    "adapter_errors": "SGLang calls that failed or were refused, answered with a miss",
+    "mooncake_hits": "pages served from Mooncake",
+    "mooncake_misses": "pages Mooncake did not serve",
+    "mooncake_bad_values": "Mooncake values that failed a check",
+    "mooncake_values_read_again": "failed Mooncake values read once more",
+    "mooncake_good_when_read_again": "of those, values that verified the second time",
+    "mooncake_written_through": "Mooncake pages written to the local disk",
+    "mooncake_puts_queued": "records queued to Mooncake",
+    "mooncake_puts_dropped": "records not queued to Mooncake (queue full)",
+}
+# The rules a record or a Mooncake value can fail (docs/FORMAT.md's V0-V16, and M1: the
+# integrity tag of a shared value); each has its counter, failed_<rule>.
+RULES = (*(f"V{number}" for number in range(17)), "M1")
+RULE_COUNTERS = {f"failed_{rule}": rule for rule in RULES}
+# The counters a store reports from its start, at zero until counted (the others appear when
+# first counted).
 COUNTER_NAMES = (
     "puts",
     "puts_existing",
@@ -25,6 +70,15 @@ COUNTER_NAMES = (
     "stale_temp_removed",
     "unexpected_errors",
 )
+assert set(COUNTER_NAMES) <= set(COUNTERS)
+
+
+def failed(rule: str) -> str:
+    """The counter of records that broke `rule` (a KeyError for a rule that does not exist)."""
+    name = f"failed_{rule}"
+    if name not in RULE_COUNTERS:
+        raise KeyError(f"no counter for rule {rule!r}")
+    return name
 
 
 class Counters:

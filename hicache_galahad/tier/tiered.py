@@ -36,7 +36,7 @@ from ..errors import ConfigError
 from ..record import format as fmt
 from ..record.namespace import Namespace
 from ..store import RecordStore
-from ..telemetry.metrics import RateLimitedLog
+from ..telemetry.metrics import RateLimitedLog, failed
 from .mooncake.integrity import TAG_BYTES
 
 log = logging.getLogger("hicache_galahad")
@@ -300,7 +300,7 @@ class TieredStore:
         return True
 
     def _refused(self, key: str, error: fmt.FormatError, removed: bool) -> None:
-        self.counters.add_many(mooncake_bad_values=1, **{f"failed_{error.rule}": 1})
+        self.counters.add_many(mooncake_bad_values=1, **{failed(error.rule): 1})
         self._warn.warning(
             f"mooncake-{error.rule}",
             "galahad: Mooncake value of %s failed %s (%s): a miss%s",
