@@ -7,7 +7,7 @@ healthy, clean it, and run the demo.
     galahad gc      --root DIR [--max-bytes N]
     galahad inspect --root DIR FILE|KEY [--encryption-key-file F] [--json]
     galahad fingerprint MODEL_DIR
-    galahad demo
+    galahad demo                                  (a source checkout only: runs bench/demo.py)
     galahad blaise add|ask ...
 
 Exit status: 0 success; 1 damage found (verify, inspect); 2 an expected condition (no such
@@ -255,9 +255,16 @@ def cmd_fingerprint(args) -> int:
     return EXIT_OK
 
 
+def demo_script() -> Path | None:
+    """bench/demo.py of the source checkout this package runs from; None when installed (the
+    wheel holds no bench/), and `galahad demo` is then not offered."""
+    demo = Path(__file__).resolve().parents[2] / "bench" / "demo.py"
+    return demo if demo.is_file() else None
+
+
 def cmd_demo(args) -> int:
-    demo = Path(__file__).resolve().parent.parent / "bench" / "demo.py"
-    if not demo.is_file():
+    demo = demo_script()
+    if demo is None:
         raise ExpectedCondition("the demo ships with the source checkout: run `make demo` there")
     return subprocess.call([sys.executable, str(demo), *args.demo_args])
 
@@ -326,9 +333,10 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("model_dir", metavar="MODEL_DIR")
     fingerprint.set_defaults(run=cmd_fingerprint)
 
-    demo = commands.add_parser("demo", help="the README's main job: the restart demo")
-    demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="passed to bench/demo.py")
-    demo.set_defaults(run=cmd_demo)
+    if demo_script() is not None:  # a source checkout
+        demo = commands.add_parser("demo", help="the README's main job: the restart demo")
+        demo.add_argument("demo_args", nargs=argparse.REMAINDER, help="passed to bench/demo.py")
+        demo.set_defaults(run=cmd_demo)
 
     blaise = commands.add_parser("blaise", help="the text memory: add documents, ask questions")
     from ..blaise import cli as blaise_cli
