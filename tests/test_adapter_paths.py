@@ -330,3 +330,19 @@ def test_store_exceptions_become_misses(galahad, monkeypatch):
     assert backend.batch_get_v2(both) == {"kv": [False] * 3, "mamba": [False]}
     assert backend.batch_exists_v2(keys, both[1:]) == PoolTransferResult(0, {}, [])
     assert backend.stats()["adapter_errors"] > 0
+
+
+def test_a_bug_in_the_zero_copy_map_falls_back_to_flat_pages_and_says_so(monkeypatch, caplog):
+    """PageLayout turns zero copy off when a pool cannot be mapped; a failure that is not such
+    a pool (a bug, injected here: a real one cannot be made on purpose) used to turn it off
+    silently. Now it still falls back, and logs the failure with its traceback."""
+    from hicache_galahad.serving import pages
+
+    def broken(view):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(pages, "_byte_runs", broken)
+    with caplog.at_level("WARNING", logger="hicache_galahad.serving.pages"):
+        layout = pages.PageLayout(mha_pool())
+    assert layout.supported is False
+    assert any(record.exc_info and "zero-copy" in record.getMessage() for record in caplog.records)

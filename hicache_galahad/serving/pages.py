@@ -11,7 +11,11 @@ identically through any other.
 
 from __future__ import annotations
 
+import logging
+
 import torch
+
+log = logging.getLogger(__name__)
 
 
 def _storage_bytes(tensor: torch.Tensor) -> memoryview:
@@ -68,8 +72,15 @@ class PageLayout:
         self._stride: list[int] = []
         try:
             self._derive(pool)
-        except Exception:
+        except ValueError:  # a pool this map cannot describe (not in CPU memory): flat copies
             self.supported = False
+        except Exception:  # a bug, or a pool of a kind not foreseen: flat copies, said once
+            self.supported = False
+            log.warning(
+                "galahad: no zero-copy page map for %s; its pages are copied through flat pages",
+                type(pool).__name__,
+                exc_info=True,
+            )
 
     def _runs(self, pool, page: int) -> list[tuple[int, int, int]]:
         runs = []
