@@ -292,6 +292,7 @@ from hicache_galahad.store import RecordStore
 logging.basicConfig()
 os.setgid(65534); os.setuid(65534)  # everything is imported: now drop root
 with RecordStore(sys.argv[1], durability="none") as store:
+    store.rebuild_ledger()  # a walk of every record (an open reads no record directory)
     print(json.dumps(store.stats()))
 """
 

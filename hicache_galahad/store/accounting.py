@@ -1,30 +1,55 @@
 """Keeping the byte ledger true, and deleting records so that it stays true.
 
 `Accounting` owns what the budget (budget.py) relies on: the shared ledger, this process's
-liveness lock, the LRU index of records, and every deletion of a record or a quarantined file
-(each releases exactly the bytes it freed). It recounts the ledger from disk when it is
-opened, when the ledger is found damaged or replaced, and when the ledger claims more than the
-disk explains (rate-limited); it takes back the reservations of processes that died (their
-lock file is free) before any eviction. It is also the budget's Evictor.
+liveness lock, the eviction order (eviction.SampledLru: files' own times of last use, sampled
+a few at a time; no index of the records) and every deletion of a record or a quarantined
+file, each made under the ledger's lock together with the release of exactly the bytes it
+freed (Ledger.apply), as every publication is (Ledger.publish). So the ledger never needs a
+recount to stay true, and opening a store reads no directory of records: it takes back the
+reservations of processes that died (their lock file is free) and counts what a writer that
+died mid-publication left linked (the ledger's journal). A recount of the whole root (under
+the lock, exact) happens only when the ledger is found missing, damaged or claiming more than
+the filesystem holds, or when an operator asks (`galahad verify --fix`, `gc`). Temp files of
+dead writers are swept by a background thread, and only when a dead writer is found.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import random
 import threading
 import time
 
 from ..errors import ConfigError
 from ..telemetry.metrics import Counters, RateLimitedLog
-from .eviction import LruIndex
-from .layout import StoreLayout, is_record_name, temp_is_stale
+from .eviction import SampledLru
+from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
 from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
 from .lifetime import retire
 from .quarantine import Quarantine
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
 RECLAIM_INTERVAL_S = 1.0
+NAMESPACES_RECHECK_S = 5.0
+CURSOR_MAX_AGE_S = 60.0
+CURSOR_RANDOM_SKIP = 256  # each process starts its walk of a directory somewhere else
+
+
+class _Cursor:
+    """A walk of one namespace directory, a few entries at a time, over a descriptor of its
+    own (listing moves a descriptor's offset)."""
+
+    def __init__(self, fd: int):
+        self.fd = fd
+        self.entries = os.scandir(fd)
+        self.opened_s = time.monotonic()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.entries.close()
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
 
 
 class Accounting:
@@ -40,7 +65,7 @@ class Accounting:
         self.read_only = read_only
         self.counters = counters
         self._warn = warn
-        self.index = LruIndex()
+        self.index = SampledLru(self._sample, self._evictable_bytes)
         self.process = None
         try:
             self.process = None if read_only else ProcessLock(layout.root)
@@ -55,40 +80,53 @@ class Accounting:
             ) from error
         self.quarantine = Quarantine(layout.quarantine_dir, self.ledger, self.index, counters)
         self.ledger.recount = self.disk_bytes
+        self.ledger.inode_of = self._inode_of
         self._last_rebuild_s = -1e9
         self._last_reclaim_s = -1e9
         self._rebuild_lock = threading.Lock()
+        self._sample_lock = threading.Lock()
+        self._cursors: dict[str, _Cursor] = {}
+        self._namespaces: tuple[float, list[str]] = (-1e9, [])
+        self._rng = random.Random()
+        self._sweeper: threading.Thread | None = None
+        self._closed = threading.Event()
 
     @property
     def token(self) -> str:
         return self.process.token if self.process is not None else "readonly"
 
-    # ------------------------------------------------------------- scans
+    # ------------------------------------------------------------- scans (tools, repairs)
 
     def unreadable_dir(self, path: str, error: OSError) -> None:
         self.counters.add("unreadable_dirs")
         self._warn.warning("unreadable-dir", "galahad: skipping %s: %s", path, error)
 
     def disk_bytes(self) -> int:
-        """Bytes the ledger should count as committed: records plus quarantined files."""
+        """Bytes the ledger should count as committed: records plus quarantined files (a
+        walk of every record: tools and repairs only)."""
         records = sum(e.accounted_bytes for e in self.layout.records(on_error=self.unreadable_dir))
         return records + self.quarantine.total_bytes()
 
     def open_scan(self) -> None:
-        """Removes temp files of writers that are gone, recounts the ledger from disk
-        (dropping reservations of processes that died) and indexes every record for eviction,
-        oldest modification first."""
-        self.remove_stale_temps()
-        entries = []
+        """What opening a store does: nothing proportional to its records. Takes back the
+        reservations of dead processes (a liveness test per ledger entry and lock file) and
+        recovers a dead writer's journal (the ledger does, under its lock); a ledger that is
+        new, damaged or replaced is recounted (exact: under the lock). Dead writers' temp
+        files are swept in the background."""
+        if self.read_only:
+            return
+        dead = self._dead_tokens()
+        self.ledger.reclaim_dead()
+        self._last_rebuild_s = time.monotonic()  # (a reclaim may come again at once)
+        if self.ledger.needs_rebuild:
+            self.rebuild()
+        if dead:
+            self.sweep_temps_later()
 
-        def committed_on_disk() -> int:
-            entries.extend(self.layout.records(on_error=self.unreadable_dir))
-            return sum(e.accounted_bytes for e in entries) + self.quarantine.total_bytes()
-
-        self.ledger.rebuild(committed_on_disk)
-        self._last_rebuild_s = time.monotonic()
-        entries.sort(key=lambda entry: entry.mtime_ns)
-        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
+    def _dead_tokens(self) -> list[str]:
+        if self.process is None:
+            return []
+        return [token for token in self.process.tokens() if not self.process.is_alive(token)]
 
     def is_alive(self, token: str) -> bool:
         if self.process is not None:
@@ -97,16 +135,32 @@ class Accounting:
 
     def remove_stale_temps(self) -> None:
         for entry in self.layout.temp_files(on_error=self.unreadable_dir):
+            if self._closed.is_set():
+                return
             if temp_is_stale(entry, self.is_alive):
                 with contextlib.suppress(OSError):
                     os.unlink(entry.path)
                     self.counters.add("stale_temp_removed")
 
+    def sweep_temps_later(self) -> None:
+        """Removes dead writers' temp files in a background thread (it lists every
+        namespace directory once: never on a caller's path)."""
+        if self.read_only or (self._sweeper is not None and self._sweeper.is_alive()):
+            return
+
+        def sweep():
+            with contextlib.suppress(Exception):
+                self.remove_stale_temps()
+
+        self._sweeper = threading.Thread(target=sweep, name="galahad-sweep", daemon=True)
+        self._sweeper.start()
+
     # ------------------------------------------------------------- the ledger
 
     def rebuild(self) -> int:
-        """Recounts committed bytes from disk and reclaims reservations of dead processes
-        (and their temp files); returns the ledger's new total."""
+        """Recounts committed bytes from disk (a walk of every record, under the ledger's
+        lock: exact, and writers wait meanwhile) and reclaims reservations of dead processes;
+        returns the ledger's new total. For repairs and operators, never on a put."""
         if self.read_only:
             return self.ledger.read()
         with self._rebuild_lock:
@@ -117,8 +171,9 @@ class Accounting:
         return total
 
     def rebuild_if_due(self) -> bool:
-        """rebuild, at most once every LEDGER_REBUILD_INTERVAL_S unless the ledger itself was
-        found damaged or replaced."""
+        """rebuild when the ledger was found damaged or replaced, or (at most once every
+        LEDGER_REBUILD_INTERVAL_S) when it claims more than anything could explain: the
+        budget found the shortfall larger than the bytes on disk."""
         due = time.monotonic() - self._last_rebuild_s >= LEDGER_REBUILD_INTERVAL_S
         if self.read_only or not (due or self.ledger.needs_rebuild):
             return False
@@ -139,27 +194,142 @@ class Accounting:
         freed = self.ledger.reclaim_dead()
         if freed:
             self.counters.add("reclaimed_bytes", freed)
-            self.remove_stale_temps()
+            self.sweep_temps_later()
         return freed > 0
+
+    def _evictable_bytes(self) -> int:
+        """The most eviction could free: the ledger's committed bytes, but never more than
+        the filesystem holds (a ledger rewritten to a huge number must fail a put, never
+        empty the store)."""
+        committed = self.ledger.committed()
+        try:
+            stats = os.statvfs(self.layout.root)
+            used = (stats.f_blocks - stats.f_bfree) * stats.f_frsize
+        except OSError:
+            return committed
+        return min(committed, used)
+
+    def _inode_of(self, dirname: str, filename: str) -> int | None:
+        try:
+            info = os.stat(
+                filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
+            )
+        except OSError:
+            return None
+        return info.st_ino if accounted_bytes(info) or info.st_size == 0 else None
+
+    # ------------------------------------------------------------- sampling
+
+    def _namespace_names(self) -> list[str]:
+        checked_s, names = self._namespaces
+        if time.monotonic() - checked_s > NAMESPACES_RECHECK_S:
+            names = self.layout.namespace_dirnames(self.unreadable_dir)
+            self._namespaces = (time.monotonic(), names)
+        return names
+
+    def _cursor(self, dirname: str) -> _Cursor | None:
+        cursor = self._cursors.get(dirname)
+        if cursor is not None and time.monotonic() - cursor.opened_s > CURSOR_MAX_AGE_S:
+            cursor.close()
+            del self._cursors[dirname]
+            cursor = None
+        if cursor is None:
+            cursor = self._open_cursor(dirname, self._rng.randrange(CURSOR_RANDOM_SKIP))
+            if cursor is None:
+                return None
+            self._cursors[dirname] = cursor
+        return cursor
+
+    def _open_cursor(self, dirname: str, skip: int) -> _Cursor | None:
+        """A new walk of the directory, `skip` entries in (from the start if it has fewer)."""
+        for attempt_skip in (skip, 0) if skip else (0,):
+            try:
+                ns_fd = self.layout.namespace_fd(dirname)
+                fd = os.open(".", self.layout.DIR_OPEN_FLAGS, dir_fd=ns_fd)
+            except OSError:
+                return None
+            try:
+                cursor = _Cursor(fd)
+            except OSError:
+                os.close(fd)
+                return None
+            skipped = 0
+            while skipped < attempt_skip and next(cursor.entries, None) is not None:
+                skipped += 1
+            if skipped == attempt_skip:
+                return cursor
+            cursor.close()  # fewer entries than that: from the start instead
+        return None
+
+    def _sample(self, want: int) -> list:
+        """Up to `want` records (location, size, mtime_ns, inode), a few from each of
+        randomly chosen namespace directories, each walked on from where this process last
+        left it: work proportional to `want`, never to the records."""
+        found: list = []
+        with self._sample_lock:
+            names = self._namespace_names()
+            if not names:
+                return found
+            for _ in range(2 * len(names) if len(names) < 8 else 16):
+                if len(found) >= want:
+                    break
+                dirname = self._rng.choice(names)
+                cursor = self._cursor(dirname)
+                if cursor is None:
+                    continue
+                ns_fd = cursor.fd
+                taken = 0
+                limit = max(4, want // 2)
+                for looked, entry in enumerate(cursor.entries, 1):
+                    if is_record_name(entry.name):
+                        with contextlib.suppress(OSError):
+                            info = os.stat(entry.name, dir_fd=ns_fd, follow_symlinks=False)
+                            size = accounted_bytes(info)
+                            if size or info.st_size == 0:
+                                found.append(
+                                    ((dirname, entry.name), size, info.st_mtime_ns, info.st_ino)
+                                )
+                                taken += 1
+                    if taken >= limit or looked >= 8 * limit:
+                        break
+                else:  # the end of the directory: the next walk starts again
+                    cursor.close()
+                    del self._cursors[dirname]
+        return found
 
     # ------------------------------------------------------------- deletions
 
-    def unlink_record(self, dirname: str, filename: str) -> int | None:
-        """Deletes one record file and releases its bytes; its size, or None if it was gone."""
+    def unlink_record(self, dirname: str, filename: str, expected=None) -> int | None:
+        """Deletes one record file and releases its bytes, both under the ledger's lock; its
+        size, or None if it was gone. With `expected` (inode, mtime_ns), only if the file is
+        still that one and was not used since (another process read it: it stays)."""
         if self.read_only or not is_record_name(filename):
             return None
-        freed = self.layout.unlink_record(dirname, filename)
-        if freed is None:
+
+        def action():
+            if expected is not None and expected[0] is not None:
+                try:
+                    info = os.stat(
+                        filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
+                    )
+                except OSError:
+                    return None
+                if info.st_ino != expected[0] or info.st_mtime_ns > expected[1]:
+                    return None
+            return self.layout.unlink_record(dirname, filename)
+
+        try:
+            freed = self.ledger.apply(action)
+        except OSError:
             return None
         self.index.discard((dirname, filename))
-        self.ledger.release(freed)
         return freed
 
     def evict_to(self, max_bytes: int) -> tuple[int, int]:
         """Evicts least recently used records (quarantined files first) until the ledger is
         at most `max_bytes`; returns (files evicted, bytes freed)."""
         evicted = freed = 0
-        self.load_unindexed()
+        misses = 0
         while not self.read_only and self.ledger.read() > max_bytes:
             if self.evict_quarantined():
                 evicted += 1
@@ -172,27 +342,40 @@ class Accounting:
                 evicted += 1
                 freed += size
                 self.counters.add_many(evictions=1, evicted_bytes=size)
+            else:
+                misses += 1
+                if misses > 10_000:
+                    break
         return evicted, freed
 
     # ------------------------------------------------------------- budget.Evictor
 
     def evict_quarantined(self) -> bool:
+        if not self.quarantine.has_files():
+            return False
         return self.quarantine.trim(keep_files=0, max_files=1) > 0
 
     def quarantined_bytes(self) -> int:
-        return self.quarantine.total_bytes()
+        """0: the evictable bytes (SampledLru.total_bytes, the ledger's committed bytes)
+        already hold the quarantined files."""
+        return 0
 
     def remove(self, location) -> int | None:
-        return self.unlink_record(*location)
+        freed = self.unlink_record(*location, expected=self.index.popped_expectation(location))
+        if freed is None:
+            self.counters.add("eviction_misses")
+        return freed
 
     def load_unindexed(self) -> None:
-        """Adds records other processes wrote since the last scan to the LRU index."""
-        entries = sorted(
-            self.layout.records(on_error=self.unreadable_dir), key=lambda e: e.mtime_ns
-        )
-        self.index.load((entry.location, entry.accounted_bytes) for entry in entries)
+        """Samples more records as eviction candidates (a few files: no scan)."""
+        self.index.refill()
 
     def close(self) -> None:
+        self._closed.set()
+        with self._sample_lock:
+            for cursor in self._cursors.values():
+                cursor.close()
+            self._cursors.clear()
         self.ledger.close()
         if self.process is not None:
             with contextlib.suppress(OSError):  # this process's counters: no live server's now

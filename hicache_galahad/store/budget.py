@@ -22,6 +22,7 @@ class LedgerLike(Protocol):
     def read(self) -> int: ...
     def reserve(self, amount: int, limit: int | None) -> bool: ...
     def settle(self, committed_bytes: int, released_bytes: int) -> None: ...
+    def publish(self, dirname: str, items: list, link_all) -> int: ...
 
 
 class Evictor(Protocol):
@@ -91,6 +92,23 @@ class Budget:
             self.end_reservation(amount, keep=False)
             return False
         return True
+
+    def publish(self, dirname: str, items: list, link_all) -> int:
+        """Links a batch into place (`link_all()`, which returns the bytes it published) and
+        counts it, in one ledger update (Ledger.publish); returns the bytes kept. The rest of
+        the batch's reservation ends with settle. A ledger that cannot be written after the
+        links: the kept bytes are carried into the next settle (OSError raised)."""
+        try:
+            kept = self.ledger.publish(dirname, items, link_all)
+        except OSError as error:
+            kept = getattr(error, "kept", 0)
+            with self._pending_lock:
+                self._pending_bytes -= kept
+                self._unsettled_kept_bytes += kept
+            raise
+        with self._pending_lock:
+            self._pending_bytes -= kept
+        return kept
 
     def end_reservation(self, amount: int, *, keep: bool) -> None:
         """Ends a reservation: kept when its record was published, else released."""

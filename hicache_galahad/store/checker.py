@@ -9,6 +9,7 @@ reader.reader_may_be_wrong, the same one the read path makes.
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
@@ -18,6 +19,8 @@ from ..record import format as fmt
 from .layout import FileEntry, StoreLayout, temp_is_stale
 from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
 from .reader import RecordReader, reader_may_be_wrong
+
+CHUNK_RECORDS = 1024  # records verified at once (check streams the walk)
 
 
 @dataclass
@@ -100,6 +103,8 @@ class Checker:
         with ThreadPoolExecutor(max(1, threads), thread_name_prefix="galahad-verify") as pool:
             for dirname in dirnames:
                 self._check_namespace(dirname, report, fix, on_record, unreadable, pool)
+        report.damaged.sort()
+        report.unverifiable.sort()
         if fix:
             self.quarantine.trim(QUARANTINE_KEEP_FILES)
         report.quarantined_files = len(self.quarantine.names())
@@ -119,8 +124,7 @@ class Checker:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
         tag_failures = []  # judged once we know whether this key opens any record here
-        entries = sorted(self.layout.records([dirname], unreadable), key=_name)
-        for entry, error in zip(entries, pool.map(self._verify, entries), strict=True):
+        for entry, error in self._verified(self.layout.records([dirname], unreadable), pool):
             if on_record is not None:
                 on_record(entry)
             if isinstance(error, FileNotFoundError):
@@ -137,6 +141,16 @@ class Checker:
         key_proven = self.reader.key_proven(dirname)
         for entry, error in tag_failures:
             self._judge(entry, error, report, fix, key_proven)
+
+    def _verified(self, entries, pool):
+        """(entry, error or None) for each record, streamed: CHUNK_RECORDS at a time over the
+        pool, so memory stays bounded whatever the number of records."""
+        iterator = iter(entries)
+        while True:
+            chunk = list(itertools.islice(iterator, CHUNK_RECORDS))
+            if not chunk:
+                return
+            yield from zip(chunk, pool.map(self._verify, chunk), strict=True)
 
     def _verify(self, entry: FileEntry) -> Exception | None:
         try:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import threading
+import time
 from collections import OrderedDict
+from collections.abc import Callable
 
 
 class LruIndex:
@@ -76,3 +78,113 @@ class LruIndex:
             location, size = self._entries.popitem(last=False)
             self._total_bytes -= size
             return location, size
+
+
+RECENT_USES_MAX = 65536  # this process's own recent uses kept exactly (bounded memory)
+POOL_MAX = 32  # eviction candidates kept between evictions
+
+
+class SampledLru:
+    """Least-recently-used eviction without an index of the records (issues 19 and 24).
+
+    A record's time of last use is its file's modification time, which every process sees
+    (the writer sets it, the reader sets it again at most every 2 s): what one server read
+    recently is not what another evicts first. Victims come from a small pool of candidates
+    refilled by `sample(n)` (a few files of a directory at a time, from a cursor that walks
+    the namespace directories: constant work per eviction, whatever the number of records);
+    the oldest of the pool goes first, as Redis's approximated LRU does. This process's own
+    uses since its start are also remembered (a bounded map), so a record it just read or
+    wrote is never the first to go even within the reader's 2 s. Same interface as
+    LruIndex, so that budget.Budget works with either.
+    """
+
+    def __init__(self, sample: Callable[[int], list], evictable_bytes: Callable[[], int]):
+        self._sample = sample  # n -> [(location, size, mtime_ns, inode)]
+        self._evictable_bytes = evictable_bytes
+        self._pool: dict = {}  # location -> (size, mtime_ns, inode)
+        self._recent: OrderedDict = OrderedDict()  # location -> time_ns of this process's use
+        self._lock = threading.Lock()
+
+    def __len__(self) -> int:
+        return len(self._pool)
+
+    def __contains__(self, location) -> bool:
+        return location in self._pool or location in self._recent
+
+    @property
+    def total_bytes(self) -> int:
+        """What eviction could free at most: the bytes on disk (evictable_bytes)."""
+        return self._evictable_bytes()
+
+    def _used(self, location, when_ns: int) -> None:
+        self._recent[location] = when_ns
+        self._recent.move_to_end(location)
+        if len(self._recent) > RECENT_USES_MAX:
+            self._recent.popitem(last=False)
+
+    def load(self, entries_oldest_first) -> None:
+        """Records another part of the store knows of (their sizes): candidates."""
+        with self._lock:
+            for location, size in entries_oldest_first:
+                if len(self._pool) < POOL_MAX:
+                    self._pool.setdefault(location, (size, 0, None))
+
+    def add(self, location, size: int) -> None:
+        with self._lock:
+            self._used(location, time.time_ns())
+            self._pool.pop(location, None)
+
+    def touch(self, location) -> None:
+        with self._lock:
+            self._used(location, time.time_ns())
+            self._pool.pop(location, None)
+
+    def touch_many_head_last(self, locations) -> None:
+        """A chain of pages used, its head the most recent (the tail goes first)."""
+        with self._lock:
+            now_ns = time.time_ns()
+            for offset, location in enumerate(reversed(locations)):
+                self._used(location, now_ns + offset)
+                self._pool.pop(location, None)
+
+    def discard(self, location) -> int | None:
+        with self._lock:
+            self._recent.pop(location, None)
+            found = self._pool.pop(location, None)
+            return None if found is None else found[0]
+
+    def refill(self) -> None:
+        fresh = self._sample(POOL_MAX)
+        with self._lock:
+            for location, size, mtime_ns, inode in fresh:
+                self._pool[location] = (size, mtime_ns, inode)
+            while len(self._pool) > 2 * POOL_MAX:  # the youngest go
+                youngest = max(self._pool, key=self._recency)
+                del self._pool[youngest]
+
+    def _recency(self, location) -> int:
+        return max(self._pool[location][1], self._recent.get(location, 0))
+
+    def expected(self, location):
+        """(inode, mtime_ns) the candidate had when sampled, or None."""
+        found = self._pool.get(location)
+        return None if found is None else (found[2], found[1])
+
+    def pop_oldest(self):
+        """(location, size) of the least recently used candidate, or None when the sample
+        finds no record at all. The caller re-checks it (expected) before deleting."""
+        if len(self._pool) < POOL_MAX // 2:
+            self.refill()
+        with self._lock:
+            if not self._pool:
+                return None
+            location = min(self._pool, key=self._recency)
+            size, mtime_ns, inode = self._pool.pop(location)
+            self._last_popped = (location, inode, mtime_ns)
+            return location, size
+
+    def popped_expectation(self, location):
+        last = getattr(self, "_last_popped", None)
+        if last is None or last[0] != location:
+            return None
+        return last[1], last[2]

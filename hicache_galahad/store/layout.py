@@ -475,17 +475,16 @@ class StoreLayout:
             if on_error is not None:
                 on_error(directory, error)
             return
-        found = []
-        try:  # (each entry's stat is relative to dir_fd: all taken before it is closed)
-            for entry in os.scandir(dir_fd):
-                if not wanted(entry.name):
-                    continue
-                try:
-                    info = entry.stat(follow_symlinks=False)
-                except FileNotFoundError:
-                    continue
-                found.append(
-                    FileEntry(
+        try:  # streamed: each entry's stat is relative to dir_fd, closed when the walk ends
+            with os.scandir(dir_fd) as listing:
+                for entry in listing:
+                    if not wanted(entry.name):
+                        continue
+                    try:
+                        info = entry.stat(follow_symlinks=False)
+                    except FileNotFoundError:
+                        continue
+                    yield FileEntry(
                         dirname,
                         entry.name,
                         os.path.join(directory, entry.name),
@@ -494,14 +493,12 @@ class StoreLayout:
                         info.st_mtime_ns,
                         info.st_ino,
                     )
-                )
         except OSError as error:
             if on_error is not None:
                 on_error(directory, error)
             return
         finally:
             os.close(dir_fd)
-        yield from found
 
     def records(self, dirnames=None, on_error=None) -> Iterator[FileEntry]:
         for dirname in self.namespace_dirnames(on_error) if dirnames is None else dirnames:

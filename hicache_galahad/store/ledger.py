@@ -24,15 +24,27 @@ from __future__ import annotations
 import contextlib
 import fcntl
 import os
+import re
+import stat
 import struct
 import threading
 import time
 from collections.abc import Callable
 
-from .layout import NotRegularFileError, identity_alive, is_token, open_dir, open_regular
+from .layout import (
+    NotRegularFileError,
+    identity_alive,
+    is_record_name,
+    is_token,
+    open_dir,
+    open_regular,
+)
 from .lifetime import STATS_DIR, recorded_identity
 
 MAGIC = b"GLEDGER2"
+MAGIC_JOURNAL = b"GLEDGER3"  # a ledger holding a publication journal (see Journal)
+JOURNAL_MAX_BYTES = 8 * 1024  # a batch is at most 32 records (writer.py)
+_DIRNAME = re.compile(r"^[0-9a-f]{32}$")
 _HEAD = struct.Struct("<8sQII")
 _ENTRY = struct.Struct("<16sQ")
 TOKEN_BYTES = 16
@@ -41,6 +53,7 @@ PROCS_DIR = "procs"
 LOCK_SUFFIX = ".lock"
 NEW_LOCK_SUFFIX = ".lock.new"  # a lock being made: locked first, then renamed into place
 ABANDONED_LOCK_AGE_S = 60.0
+_READ_BYTES = _HEAD.size + MAX_ENTRIES * _ENTRY.size + JOURNAL_MAX_BYTES + 1
 
 
 def _new_token() -> str:
@@ -172,6 +185,7 @@ class _State:
     def __init__(self, committed: int = 0, entries: dict[str, int] | None = None):
         self.committed = committed
         self.entries = entries if entries is not None else {}
+        self.journal: Journal | None = None
 
     @property
     def total(self) -> int:
@@ -182,10 +196,12 @@ class _State:
         """The state in `raw`, or None when it is not an intact ledger."""
         if len(raw) < _HEAD.size:
             return None
-        magic, committed, count, zero = _HEAD.unpack_from(raw, 0)
-        if magic != MAGIC or zero or count > MAX_ENTRIES:
+        magic, committed, count, journal_len = _HEAD.unpack_from(raw, 0)
+        if magic not in (MAGIC, MAGIC_JOURNAL) or count > MAX_ENTRIES:
             return None
-        if len(raw) != _HEAD.size + count * _ENTRY.size:
+        if (magic == MAGIC) != (journal_len == 0) or journal_len > JOURNAL_MAX_BYTES:
+            return None
+        if len(raw) != _HEAD.size + count * _ENTRY.size + journal_len:
             return None
         entries = {}
         for index in range(count):
@@ -194,14 +210,78 @@ class _State:
             if not is_token(name):
                 return None  # a flipped bit, a forged entry: damaged, recounted
             entries[name] = reserved
-        return cls(committed, entries)
+        state = cls(committed, entries)
+        if journal_len:
+            state.journal = Journal.parse(raw[_HEAD.size + count * _ENTRY.size :])
+            if state.journal is None:
+                return None
+        return state
 
     def pack(self) -> bytes:
         entries = list(self.entries.items())[:MAX_ENTRIES]
-        return _HEAD.pack(MAGIC, self.committed, len(entries), 0) + b"".join(
-            _ENTRY.pack(token.encode("ascii")[:TOKEN_BYTES], reserved)
-            for token, reserved in entries
+        journal = self.journal.pack() if self.journal is not None else b""
+        magic = MAGIC_JOURNAL if journal else MAGIC
+        return (
+            _HEAD.pack(magic, self.committed, len(entries), len(journal))
+            + b"".join(
+                _ENTRY.pack(token.encode("ascii")[:TOKEN_BYTES], reserved)
+                for token, reserved in entries
+            )
+            + journal
         )
+
+
+class Journal:
+    """The records a process is linking into place right now (inside one locked section):
+    namespace directory, then (inode, accounted bytes, file name) of each. Written before
+    the first link and cleared with the settle that counts them, both under the lock; one
+    found by another process means its writer died between the two (the lock is free), and
+    the records of it that are on disk (same name, same inode) are counted then."""
+
+    _ITEM = struct.Struct("<QQB")
+
+    def __init__(self, token: str, dirname: str, items: list[tuple[str, int, int]]):
+        self.token, self.dirname, self.items = token, dirname, items
+
+    def pack(self) -> bytes:
+        out = [
+            self.token.encode("ascii"),
+            self.dirname.encode("ascii"),
+            struct.pack("<H", len(self.items)),
+        ]
+        for filename, inode, size in self.items:
+            name = filename.encode("ascii")
+            out.append(self._ITEM.pack(inode, size, len(name)) + name)
+        return b"".join(out)
+
+    @classmethod
+    def parse(cls, raw: bytes):
+        try:
+            token, dirname = raw[:16].decode("ascii"), raw[16:48].decode("ascii")
+            (count,) = struct.unpack_from("<H", raw, 48)
+            offset, items = 50, []
+            for _ in range(count):
+                inode, size, length = cls._ITEM.unpack_from(raw, offset)
+                offset += cls._ITEM.size
+                name = raw[offset : offset + length].decode("ascii")
+                offset += length
+                if not is_record_name(name) or os.sep in name or len(name) != length:
+                    return None
+                items.append((name, inode, size))
+        except (UnicodeDecodeError, struct.error):
+            return None
+        if offset != len(raw) or not is_token(token) or not _DIRNAME.match(dirname):
+            return None
+        return cls(token, dirname, items)
+
+
+class LedgerWriteError(OSError):
+    """The ledger could not be written after records were linked: `kept` bytes of them are
+    on disk but not yet counted (the caller carries them into its next update)."""
+
+    def __init__(self, error: OSError, kept: int):
+        super().__init__(error.errno, str(error))
+        self.kept = kept
 
 
 class Ledger:
@@ -217,7 +297,31 @@ class Ledger:
         # Counts committed bytes from disk; the store sets it. Called under the lock when the
         # ledger is found missing, replaced or damaged, so no update is ever lost on top of it.
         self.recount: Callable[[], int] | None = None
+        # The inode at a record's name (None when there is none): how a dead writer's journal
+        # is checked against the disk (the store sets it; by path otherwise).
+        self.inode_of: Callable[[str, str], int | None] = self._inode_by_path
+        self.recovered_bytes = 0
         self._fd = self._open()
+
+    def _inode_by_path(self, dirname: str, filename: str) -> int | None:
+        path = os.path.join(os.path.dirname(self._path), "ns", dirname, filename)
+        try:
+            info = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return None
+        return info.st_ino if stat.S_ISREG(info.st_mode) else None
+
+    def _recover(self, state: _State) -> None:
+        """A journal under the lock: its writer died while linking (or right after). What
+        of it is on disk is counted; the rest was never published (its reservation goes with
+        the dead writer's entry)."""
+        journal, state.journal = state.journal, None
+        if journal.token == getattr(self._process, "token", None):
+            return  # ours, left by an update that failed: that update settled it
+        for filename, inode, size in journal.items:
+            if self.inode_of(journal.dirname, filename) == inode:
+                state.committed += size
+                self.recovered_bytes += size
 
     def _open(self) -> int | None:
         """The ledger, opened as every file of the store is (open_regular): a FIFO, a device
@@ -261,7 +365,7 @@ class Ledger:
         self.needs_rebuild = True
 
     def _read_state(self) -> _State:
-        raw = os.pread(self._fd, _HEAD.size + MAX_ENTRIES * _ENTRY.size + 1, 0)
+        raw = os.pread(self._fd, _READ_BYTES, 0)
         state = _State.parse(raw)
         if state is None:  # new, truncated or damaged: recount from disk
             state = _State()
@@ -275,7 +379,7 @@ class Ledger:
         if self._read_only:
             if self._fd is None:
                 return update(_State())
-            raw = os.pread(self._fd, _HEAD.size + MAX_ENTRIES * _ENTRY.size + 1, 0)
+            raw = os.pread(self._fd, _READ_BYTES, 0)
             return update(_State.parse(raw) or _State())
         with self._thread_lock:
             self._reopen_if_replaced()
@@ -284,6 +388,8 @@ class Ledger:
             try:
                 state = self._read_state()
                 before = state.pack()
+                if state.journal is not None:
+                    self._recover(state)
                 token = self._process.token
                 if self._mine or token in state.entries:
                     state.entries[token] = self._mine  # written back if someone dropped it
@@ -293,7 +399,7 @@ class Ledger:
                 else:
                     state.entries.pop(token, None)
                 after = state.pack()
-                if after != before:
+                if after != before or getattr(state, "rewrite", False):
                     os.pwrite(self._fd, after, 0)
                     os.ftruncate(self._fd, len(after))
                 return result
@@ -335,6 +441,61 @@ class Ledger:
             state.committed += committed_bytes
 
         self._locked(update)
+
+    def publish(self, dirname: str, items: list[tuple[str, int, int]], link_all) -> int:
+        """Links a batch into place and counts it in one locked section, so that a recount
+        (which holds the lock) sees every record either linked and counted or neither.
+        `items` are (file name, inode, bytes) of the records to link; `link_all()` links them
+        and returns the bytes of those it published, which move from this process's
+        reservation to committed bytes. A journal of `items` is on disk while the links are
+        made: if this process dies among them, the next process to take the lock counts
+        what was linked. Raises LedgerWriteError (with the bytes kept) when the ledger cannot
+        be written after the links."""
+        if self._read_only:
+            return link_all()
+        journal = Journal(self._process.token, dirname, items)
+        if len(journal.pack()) > JOURNAL_MAX_BYTES:
+            journal = None
+        kept = 0
+
+        def update(state: _State) -> int:
+            nonlocal kept
+            if journal is not None:
+                state.journal = journal
+                self._mine_entry(state)
+                os.pwrite(self._fd, state.pack(), 0)  # the journal first (same length or more)
+                state.rewrite = True  # cleared on disk by the locked section's write
+            kept = link_all()
+            state.journal = None
+            self._mine = max(0, self._mine - kept)
+            state.committed += kept
+            return kept
+
+        try:
+            return self._locked(update)
+        except OSError as error:
+            if kept:
+                raise LedgerWriteError(error, kept) from error
+            raise
+
+    def _mine_entry(self, state: _State) -> None:
+        if self._mine:
+            state.entries[self._process.token] = self._mine
+
+    def apply(self, action) -> int | None:
+        """Runs `action()` (a deletion or a move of a record or quarantined file) under the
+        ledger's lock and releases the bytes it returns (None: nothing was freed). Under the
+        lock, no recount can see the file gone but the bytes still counted, or the reverse."""
+        if self._read_only:
+            return None
+
+        def update(state: _State):
+            freed = action()
+            if freed:
+                state.committed = max(0, state.committed - freed)
+            return freed
+
+        return self._locked(update)
 
     def release(self, amount: int) -> None:
         """Committed bytes left the disk (eviction, deletion, quarantine trim)."""

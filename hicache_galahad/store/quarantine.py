@@ -20,6 +20,7 @@ from .layout import StoreLayout, accounted_bytes
 from .ledger import Ledger
 
 QUARANTINE_KEEP_FILES = 32
+HAS_FILES_RECHECK_S = 1.0
 
 
 class Quarantine:
@@ -36,6 +37,7 @@ class Quarantine:
         self._index = index
         self._counters = counters
         self._lock = threading.Lock()
+        self._known_empty_s: float | None = None
         # Whose held namespace descriptors moves start from (the store sets its own layout).
         self.layout = layout or StoreLayout(os.path.dirname(quarantine_dir))
 
@@ -60,17 +62,23 @@ class Quarantine:
             quarantine_fd = self._dir_fd()
         except OSError:
             return False
-        try:
+
+        def action():  # under the ledger's lock: a recount sees it in one place or the other
             os.rename(
                 filename,
                 f"{time.time_ns()}-{dirname}-{filename}",
                 src_dir_fd=source_fd,
                 dst_dir_fd=quarantine_fd,
             )
+            return 0
+
+        try:
+            self._ledger.apply(action)
         except OSError:
             return False
         finally:
             os.close(quarantine_fd)
+        self._known_empty_s = None
         self._index.discard((dirname, filename))
         self._counters.add("quarantined")
         return True
@@ -82,6 +90,17 @@ class Quarantine:
         if moved:
             self.trim(QUARANTINE_KEEP_FILES)
         return moved
+
+    def has_files(self) -> bool:
+        """Whether anything is quarantined (remembered for a second; this process's own
+        moves are seen at once): asked before every eviction, so never a listing each."""
+        now_s = time.monotonic()
+        known = self._known_empty_s
+        if known is not None and now_s - known < HAS_FILES_RECHECK_S:
+            return False
+        empty = not self.names()
+        self._known_empty_s = now_s if empty else None
+        return not empty
 
     def names(self) -> list[str]:
         try:
@@ -108,10 +127,14 @@ class Quarantine:
                     victims = victims[:max_files]
                 removed = 0
                 for name in victims:
-                    with contextlib.suppress(OSError):
+
+                    def action(name=name):
                         size = accounted_bytes(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
                         os.unlink(name, dir_fd=dir_fd)
-                        self._ledger.release(size)
+                        return size
+
+                    with contextlib.suppress(OSError):
+                        self._ledger.apply(action)
                         removed += 1
                 return removed
             finally:

@@ -182,6 +182,7 @@ class RecordWriter:
             len(keys),
         )
         reserved = self._reserve([item for item in prepared if isinstance(item, _Staged)])
+        ledger_failed = False
         try:
             written = run(
                 lambda index: self._guarded(self._write_temp, reserved[index]), len(reserved)
@@ -189,18 +190,16 @@ class RecordWriter:
             pending = [item for item, ok in zip(reserved, written, strict=True) if ok]
             if self.sync_each_batch:
                 self.parallel(lambda index: pending[index].sync(), len(pending))
-            for item in pending:
-                self._guarded(self._publish, item)
+            ledger_failed = not self._publish_all(namespace.dirname, pending)
         finally:
             for item in reserved:
                 item.abandon()
             kept_bytes = sum(item.total_bytes for item in reserved if item.published)
-            try:
-                self.budget.settle(
-                    kept_bytes, sum(item.total_bytes for item in reserved) - kept_bytes
-                )
+            try:  # what publish counted is settled; the rest of the reservation ends here
+                self.budget.settle(0, sum(item.total_bytes for item in reserved) - kept_bytes)
             except OSError as error:  # published records stay sound; retried next batch
-                self._write_failed("the batch (ledger)", error)
+                if not ledger_failed:  # (reported once per batch)
+                    self._write_failed("the batch (ledger)", error)
         published = [item for item in reserved if item.published]
         if published:
             for item in published:
@@ -309,6 +308,26 @@ class RecordWriter:
             staged.abandon()
             return False
         staged.chunks = None
+        return True
+
+    def _publish_all(self, dirname: str, pending: list) -> bool:
+        """Phase 4 for the batch: linked and counted in one ledger update (budget.publish),
+        so that the ledger and the disk never disagree, even for a recount running then."""
+        items = []
+        for item in pending:
+            with contextlib.suppress(OSError, TypeError):
+                items.append((item.filename, os.fstat(item.fd).st_ino, item.total_bytes))
+
+        def link_all() -> int:
+            for item in pending:
+                self._guarded(self._publish, item)
+            return sum(item.total_bytes for item in pending if item.published)
+
+        try:
+            self.budget.publish(dirname, items, link_all)
+        except OSError as error:  # published records stay sound; counted with the next batch
+            self._write_failed("the batch (ledger)", error)
+            return False
         return True
 
     def _publish(self, staged: _Staged) -> None:
