@@ -28,6 +28,7 @@ from ..config.fingerprint import resolve_fingerprint
 from ..config.options import parse_options
 from ..errors import RefusedRequest
 from ..store import RecordStore
+from ..store.kvstore import KVStore
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog
 from .binding import KV, Binder, server_args
@@ -133,7 +134,7 @@ class GalahadStorage(HiCacheStorage):
             self.options.model_fingerprint,
             self.model_name if os.path.isdir(self.model_name) or not model_path else model_path,
         )
-        self.store = RecordStore(self.options.store)
+        self.store: KVStore = RecordStore(self.options.store)
         if self.options.mooncake is not None:
             from ..tier.mooncake.tier import MooncakeTier
             from ..tier.tiered import TieredStore

@@ -1,0 +1,64 @@
+"""`KVStore`: the verbs the SGLang backend, the CLI and Blaise use of a store, which both the
+local `RecordStore` and the `TieredStore` over it implement (tests/test_kvstore.py checks
+that both have every verb, with the same parameters).
+
+Every verb is safe to call from SGLang's prefetch and backup threads at once, and none raises
+on a data error: a record that fails a check is a miss (False, None), counted by the store.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+from ..record.namespace import Namespace
+from ..telemetry.metrics import Counters
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    counters: Counters  # one set for the store and what is built over it (persisted, exported)
+
+    @property
+    def root(self) -> str:
+        """The local store's root directory."""
+
+    @property
+    def max_bytes(self) -> int | None:
+        """The local byte cap (None: the disk's free-space floor only)."""
+
+    def register_namespace(self, namespace: Namespace) -> Namespace:
+        """Makes the namespace's directory and description (idempotent)."""
+
+    def contains(self, namespace: Namespace, key: str) -> bool:
+        """Whether a record exists (cheap: the read still checks everything)."""
+
+    def leading_run(self, namespace: Namespace, keys: list) -> int:
+        """How many keys, from the first, have a record."""
+
+    def get_into(self, namespace: Namespace, key: str, out) -> bool:
+        """Fills `out` (a buffer, or a list of buffers in order) with the verified page."""
+
+    def get_many_into(self, namespace: Namespace, keys: list, outs: list) -> list[bool]:
+        """get_into for many keys at once."""
+
+    def get(self, namespace: Namespace, key: str, expected_size: int) -> bytes | None:
+        """The verified page of `expected_size` bytes, or None."""
+
+    def verify(self, namespace: Namespace, key: str, expected_size: int) -> bool:
+        """Whether the record could be served, checked in full; silent (no get counted, no
+        recency changed, nothing written through)."""
+
+    def put(self, namespace: Namespace, key: str, data) -> bool:
+        """Publishes a page under `key` (a no-op when a sound record is there already)."""
+
+    def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
+        """put for many keys at once."""
+
+    def clear_namespace(self, namespace: Namespace) -> int:
+        """Removes the namespace's local records; how many."""
+
+    def stats(self) -> dict:
+        """The store's counters and sizes."""
+
+    def close(self) -> None:
+        """Flushes what is pending and releases every file and thread."""
