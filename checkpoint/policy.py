@@ -1,9 +1,9 @@
-"""Which prefix of a prompt may be restored from storage for a hybrid model.
+"""Which prefixes a TRAILING_PAGES pool can restore (SGLang's hit policy for a state pool).
 
-The rule (docs/CHECKPOINTS.md): a restore resumes at a checkpoint position B where the
-KV pages of [0, B) and the recurrent state after exactly B tokens are both present, and
-B is at most N - 1 for an N-token prompt, so at least the last prompt token is computed
-and no token passes through the recurrence twice. Tokens [B, N) are recomputed.
+The checkpoint rule itself (docs/CHECKPOINTS.md: a restore resumes at a checkpoint position
+B <= N - 1 where the KV of [0, B) and the state after exactly B tokens are present) is
+SGLang's scheduler's; tests/support/checkpoints.py states it as the oracle the tests hold the
+backend's answers to. The backend applies only `trailing_pages_hits` (through hits.py).
 
 Page indices are zero-based. Page ``i`` covers tokens ``[i*P, (i+1)*P)``; the state
 "of page i" is the one after ``(i + 1) * P`` tokens, stored under page i's hash, as
@@ -14,8 +14,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Container
 from typing import NamedTuple, TypeAlias
-
-from checkpoint.grid import CheckpointGrid
 
 PagesWithState: TypeAlias = Container[int] | Callable[[int], bool]
 """Pages whose state is intact: a container of page indices (``in`` is used) or a
@@ -31,54 +29,6 @@ def _state_predicate(pages_with_state: PagesWithState) -> Callable[[int], bool]:
 def _require_non_negative_int(name: str, value: object) -> None:
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise ValueError(f"{name}={value!r}: must be a non-negative integer")
-
-
-def restorable_boundary(
-    num_prompt_tokens: int,
-    grid: CheckpointGrid,
-    num_leading_kv_pages: int,
-    pages_with_state: PagesWithState,
-) -> int:
-    """Deepest checkpoint position B (tokens) a prompt of `num_prompt_tokens` may resume from.
-
-    B is the largest positive multiple of ``grid.interval_tokens`` (C) such that
-    ``B <= num_prompt_tokens - 1``, every KV page of [0, B) is in the leading run of
-    `num_leading_kv_pages` present pages, and page ``B // P - 1`` has an intact state.
-    Returns 0 when no such position exists (recompute everything). With everything
-    present, ``B == C * ((N - 1) // C)``.
-
-    `pages_with_state` is queried only at candidate pages, deepest first, and not
-    beyond the first hit, so a lazy predicate costs at most ``(N - 1) // C`` lookups.
-    """
-    _require_non_negative_int("num_prompt_tokens", num_prompt_tokens)
-    _require_non_negative_int("num_leading_kv_pages", num_leading_kv_pages)
-    has_state = _state_predicate(pages_with_state)
-    deepest_allowed_tokens = min(
-        num_prompt_tokens - 1, num_leading_kv_pages * grid.page_size_tokens
-    )
-    candidate = (max(deepest_allowed_tokens, 0) // grid.interval_tokens) * grid.interval_tokens
-    while candidate > 0:
-        if has_state(candidate // grid.page_size_tokens - 1):
-            return candidate
-        candidate -= grid.interval_tokens
-    return 0
-
-
-def suffix_to_recompute(num_prompt_tokens: int, boundary_tokens: int) -> range:
-    """The token positions ``[B, N)`` that must be computed after restoring up to B.
-
-    Raises ValueError unless ``0 <= B <= N - 1`` (or ``B == N == 0``): restoring the
-    state for all N tokens would make the scheduler feed the last token through the
-    recurrence a second time.
-    """
-    _require_non_negative_int("num_prompt_tokens", num_prompt_tokens)
-    _require_non_negative_int("boundary_tokens", boundary_tokens)
-    if boundary_tokens > max(num_prompt_tokens - 1, 0):
-        raise ValueError(
-            f"boundary_tokens={boundary_tokens}: must be at most num_prompt_tokens - 1 = "
-            f"{num_prompt_tokens - 1}; at least the last prompt token is always recomputed"
-        )
-    return range(boundary_tokens, num_prompt_tokens)
 
 
 class TrailingPagesHits(NamedTuple):

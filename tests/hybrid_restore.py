@@ -17,8 +17,7 @@ import sys
 import hybrid_models as hm
 import torch
 from records import page_keys
-
-from checkpoint import CheckpointGrid, restorable_boundary
+from support.checkpoints import CheckpointGrid, restorable_boundary
 
 
 def _check_all(results: dict, expected: dict) -> None:

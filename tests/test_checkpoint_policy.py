@@ -12,17 +12,16 @@ import textwrap
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-
-from checkpoint import (
+from support.checkpoints import (
     CheckpointGrid,
-    TrailingPagesHits,
     cache_chunk_size,
     checkpoint_grid,
     restorable_boundary,
     suffix_to_recompute,
     track_grid,
-    trailing_pages_hits,
 )
+
+from checkpoint import TrailingPagesHits, trailing_pages_hits
 
 # --- reference implementations, written from the definitions and not from the code -----
 
@@ -488,7 +487,7 @@ def test_importing_checkpoint_imports_neither_torch_nor_sglang():
         import sys
         for blocked in ("torch", "sglang", "numpy"):
             sys.modules[blocked] = None  # any import of them now raises ImportError
-        import checkpoint, checkpoint.grid, checkpoint.policy, checkpoint.hits
+        import checkpoint, checkpoint.policy, checkpoint.hits
         leaked = [m for m in sys.modules if m.split(".")[0] in ("torch", "sglang", "numpy")
                   and sys.modules[m] is not None]
         assert not leaked, leaked

@@ -1,4 +1,8 @@
-"""Token grids on which recurrent-state checkpoints live, mirroring SGLang 0.5.23.
+"""The checkpoint rule as an oracle for the tests: SGLang 0.5.23's token grids on which
+recurrent-state checkpoints live, and the restorable boundary B of docs/CHECKPOINTS.md.
+
+The product does not compute B (SGLang's scheduler resumes from what the backend's hit policy,
+checkpoint/hits.py, reports); the tests hold the backend's answers to this rule.
 
 SGLang (`srt/arg_groups/overrides.py`, `srt/runtime_context.py`,
 `srt/arg_groups/mamba_hook.py:validate_mamba_extra_buffer`) defines, for the
@@ -21,6 +25,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+
+from checkpoint.policy import PagesWithState, _require_non_negative_int, _state_predicate
 
 # SGLang's fallback when the HF config has no `mamba_chunk_size` (FLA's CHUNK_SIZE).
 DEFAULT_MODEL_CHUNK_SIZE_TOKENS = 64
@@ -138,3 +144,51 @@ class CheckpointGrid:
     def is_checkpoint_position(self, position_tokens: int) -> bool:
         """True when a state after `position_tokens` tokens is on this grid (k*C, k >= 1)."""
         return position_tokens > 0 and position_tokens % self.interval_tokens == 0
+
+
+def restorable_boundary(
+    num_prompt_tokens: int,
+    grid: CheckpointGrid,
+    num_leading_kv_pages: int,
+    pages_with_state: PagesWithState,
+) -> int:
+    """Deepest checkpoint position B (tokens) a prompt of `num_prompt_tokens` may resume from.
+
+    B is the largest positive multiple of ``grid.interval_tokens`` (C) such that
+    ``B <= num_prompt_tokens - 1``, every KV page of [0, B) is in the leading run of
+    `num_leading_kv_pages` present pages, and page ``B // P - 1`` has an intact state.
+    Returns 0 when no such position exists (recompute everything). With everything
+    present, ``B == C * ((N - 1) // C)``.
+
+    `pages_with_state` is queried only at candidate pages, deepest first, and not
+    beyond the first hit, so a lazy predicate costs at most ``(N - 1) // C`` lookups.
+    """
+    _require_non_negative_int("num_prompt_tokens", num_prompt_tokens)
+    _require_non_negative_int("num_leading_kv_pages", num_leading_kv_pages)
+    has_state = _state_predicate(pages_with_state)
+    deepest_allowed_tokens = min(
+        num_prompt_tokens - 1, num_leading_kv_pages * grid.page_size_tokens
+    )
+    candidate = (max(deepest_allowed_tokens, 0) // grid.interval_tokens) * grid.interval_tokens
+    while candidate > 0:
+        if has_state(candidate // grid.page_size_tokens - 1):
+            return candidate
+        candidate -= grid.interval_tokens
+    return 0
+
+
+def suffix_to_recompute(num_prompt_tokens: int, boundary_tokens: int) -> range:
+    """The token positions ``[B, N)`` that must be computed after restoring up to B.
+
+    Raises ValueError unless ``0 <= B <= N - 1`` (or ``B == N == 0``): restoring the
+    state for all N tokens would make the scheduler feed the last token through the
+    recurrence a second time.
+    """
+    _require_non_negative_int("num_prompt_tokens", num_prompt_tokens)
+    _require_non_negative_int("boundary_tokens", boundary_tokens)
+    if boundary_tokens > max(num_prompt_tokens - 1, 0):
+        raise ValueError(
+            f"boundary_tokens={boundary_tokens}: must be at most num_prompt_tokens - 1 = "
+            f"{num_prompt_tokens - 1}; at least the last prompt token is always recomputed"
+        )
+    return range(boundary_tokens, num_prompt_tokens)
