@@ -6,7 +6,7 @@ PY := .venv/bin/python
 # configuration, without any test that starts an SGLang server (e2e) or a model process or a
 # Mooncake cluster or runs long (slow). A minute or two on 2 cores.
 FAST_TESTS := tests/test_format.py tests/test_store_*.py tests/test_eviction.py tests/test_budget_policy.py \
-	tests/test_hardening_store.py tests/test_checkpoint_policy.py tests/test_checkpoint_hits.py \
+	tests/test_checkpoint_policy.py tests/test_checkpoint_hits.py \
 	tests/test_cli*.py tests/test_config_doc.py tests/test_adapter_config.py
 
 .PHONY: env demo test test-fast lint bench

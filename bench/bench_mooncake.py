@@ -30,11 +30,10 @@ import time
 from importlib.metadata import version
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path[:0] = [REPO, os.path.join(REPO, "tests")]
-
-from mooncake_cluster import ENV, MooncakeCluster, RawClient  # noqa: E402
+sys.path.insert(0, REPO)
 
 from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier  # noqa: E402
+from tests.support.mooncake_cluster import ENV, MooncakeCluster, RawClient  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 # (value bytes, values per round, keys per get_many)

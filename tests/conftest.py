@@ -23,7 +23,7 @@ def galahad(tmp_path):
     SGLang's factory with the pools registered (tests/sglang_pools.py `create_galahad`), on
     tmp_path / "store" unless another root is given; every backend made is closed after the
     test."""
-    from sglang_pools import create_galahad
+    from support.sglang_pools import create_galahad
 
     opened = []
 

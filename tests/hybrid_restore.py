@@ -14,10 +14,10 @@ import argparse
 import json
 import sys
 
-import hybrid_models as hm
 import torch
-from records import page_keys
+from support import hybrid_models as hm
 from support.checkpoints import CheckpointGrid, restorable_boundary
+from support.records import page_keys
 
 
 def _check_all(results: dict, expected: dict) -> None:

@@ -15,8 +15,8 @@ import random
 import sys
 import time
 
-from records import store_disk_bytes
-from store_helpers import NS_A, content, crash_keyspace
+from support.records import store_disk_bytes
+from support.store_helpers import NS_A, content, crash_keyspace
 
 from hicache_galahad.store import RecordStore
 

@@ -8,11 +8,11 @@ import os
 
 import pytest
 import torch
-from records import chain_keys, find_record, write_key_file
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
 from sglang.srt.observability.metrics_collector import StorageMetrics
-from sglang_pools import (
+from support.records import chain_keys, find_record, write_key_file
+from support.sglang_pools import (
     assert_pages_equal,
     create_galahad,
     galahad_extra,

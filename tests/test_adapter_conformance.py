@@ -30,9 +30,9 @@ import os
 
 import pytest
 import torch
-from records import chain_keys, find_record, flip_byte
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
-from sglang_pools import (
+from support.records import chain_keys, find_record, flip_byte
+from support.sglang_pools import (
     create_galahad,
     create_hicache_file,
     mamba_pool,

@@ -9,13 +9,13 @@ import threading
 
 import pytest
 import torch
-from records import chain_keys, find_record, flip_byte
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageFailureInjector,
     PoolHitPolicy,
     PoolName,
 )
-from sglang_pools import (
+from support.records import chain_keys, find_record, flip_byte
+from support.sglang_pools import (
     assert_pages_equal,
     create_galahad,
     mamba_pool,

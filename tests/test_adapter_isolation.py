@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from records import chain_keys, record_files
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
-from sglang_pools import (
+from support.records import chain_keys, record_files
+from support.sglang_pools import (
     assert_pages_equal,
     mamba_pool,
     mha_pool,

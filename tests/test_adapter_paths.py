@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import pytest
 import torch
-from records import chain_keys, find_record
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransferResult
-from sglang_pools import (
+from support.records import chain_keys, find_record
+from support.sglang_pools import (
     KV_DTYPES,
     MAMBA_LAYOUTS,
     MHA_LAYOUTS,

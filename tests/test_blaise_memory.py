@@ -10,7 +10,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from records import flip_byte, record_path, write_key_file
+from support.records import flip_byte, record_path, write_key_file
 
 from hicache_galahad.blaise import Blaise, compose
 from hicache_galahad.blaise.records import MODEL_FINGERPRINT, POOL, SCHEMA

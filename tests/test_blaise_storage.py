@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from records import record_files, record_path
+from support.records import record_files, record_path
 
 from hicache_galahad.blaise import Blaise
 from hicache_galahad.blaise.records import (

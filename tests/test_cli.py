@@ -14,9 +14,9 @@ import time
 from pathlib import Path
 
 import pytest
-from records import chain_keys, write_key_file
 from sglang.srt.mem_cache.hicache_storage import PoolName
-from sglang_pools import create_galahad, mamba_pool, mha_pool, slots_of, transfer
+from support.records import chain_keys, write_key_file
+from support.sglang_pools import create_galahad, mamba_pool, mha_pool, slots_of, transfer
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
@@ -253,8 +253,8 @@ WRITER = """
 import sys, time
 from sglang.srt.mem_cache.hicache_storage import PoolName
 sys.path.insert(0, "tests")
-from records import chain_keys
-from sglang_pools import create_galahad, mha_pool, slots_of
+from support.records import chain_keys
+from support.sglang_pools import create_galahad, mha_pool, slots_of
 backend = create_galahad(sys.argv[1], mha_pool(), tenant="bob")
 deadline = time.time() + float(sys.argv[2])
 round_ = 0

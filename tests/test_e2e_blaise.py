@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import e2e_support as e2e
 import pytest
-from records import pool_records
+from support.records import pool_records
 
 from hicache_galahad.blaise import Blaise
 

@@ -8,7 +8,7 @@ import os
 
 import e2e_support as e2e
 import pytest
-from records import budgeted_files, flip_byte, pool_records, record_files
+from support.records import budgeted_files, flip_byte, pool_records, record_files
 
 pytestmark = pytest.mark.e2e
 

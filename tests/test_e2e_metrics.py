@@ -13,7 +13,7 @@ import time
 import e2e_support as e2e
 import pytest
 import requests
-from records import pool_records
+from support.records import pool_records
 
 from hicache_galahad.store import lifetime
 

@@ -10,8 +10,8 @@ import time
 
 import e2e_support as e2e
 import pytest
-from mooncake_cluster import ENV, mooncake_cluster_fixture
-from records import pool_records
+from support.mooncake_cluster import ENV, mooncake_cluster_fixture
+from support.records import pool_records
 from test_e2e_hybrid import HARNESS_ENV, INTERVAL, hybrid_args, prompt_of
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -18,7 +18,7 @@ import textwrap
 from pathlib import Path
 
 import pytest
-from records import write_key_file
+from support.records import write_key_file
 
 import hicache_galahad
 from hicache_galahad.blaise import Blaise

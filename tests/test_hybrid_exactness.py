@@ -36,10 +36,10 @@ import sys
 import time
 from pathlib import Path
 
-import hybrid_models as hm
 import pytest
 import torch
-from records import page_keys
+from support import hybrid_models as hm
+from support.records import page_keys
 
 # The live runs and the restore process run real (tiny) models: about a minute on 2 cores.
 pytestmark = pytest.mark.slow

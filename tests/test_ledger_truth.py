@@ -22,8 +22,8 @@ import time
 from pathlib import Path
 
 import pytest
-from records import record_files
-from store_helpers import helper_env
+from support.records import record_files
+from support.store_helpers import helper_env
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore

@@ -15,9 +15,9 @@ import time
 
 import pytest
 import zstandard
-from mooncake_cluster import RawClient, mooncake_cluster_fixture
-from records import chain_keys, pool_records
-from sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
+from support.mooncake_cluster import RawClient, mooncake_cluster_fixture
+from support.records import chain_keys, pool_records
+from support.sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
 from hicache_galahad.config.options import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError

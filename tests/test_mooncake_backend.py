@@ -18,10 +18,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from mooncake_cluster import RawClient, mooncake_cluster_fixture
-from records import chain_keys, pool_records
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
-from sglang_pools import create_galahad, mamba_pool, mha_pool, page_bytes, slots_of, transfer
+from support.mooncake_cluster import RawClient, mooncake_cluster_fixture
+from support.records import chain_keys, pool_records
+from support.sglang_pools import (
+    create_galahad,
+    mamba_pool,
+    mha_pool,
+    page_bytes,
+    slots_of,
+    transfer,
+)
 
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
@@ -38,9 +45,9 @@ NODE_A = textwrap.dedent(
     """
     import json, sys, time
     sys.path.insert(0, "tests")
-    from records import chain_keys
+    from support.records import chain_keys
     from sglang.srt.mem_cache.hicache_storage import PoolName
-    from sglang_pools import create_galahad, mamba_pool, mha_pool, slots_of, transfer
+    from support.sglang_pools import create_galahad, mamba_pool, mha_pool, slots_of, transfer
     root, config, pages = sys.argv[1], json.loads(sys.argv[2]), int(sys.argv[3])
     backend = create_galahad(
         root, mha_pool(seed=1), {PoolName.MAMBA: mamba_pool(seed=1)}, mooncake=config

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 import pytest
-from mooncake_cluster import (
+from support.mooncake_cluster import (
     ENV,
     MooncakeCluster,
     RawClient,

@@ -8,8 +8,8 @@ import random
 import threading
 import time
 
-from records import record_files, record_path, store_disk_bytes, temp_files
-from store_helpers import NS_A, checked_get, children, content, read_line, spawn
+from support.records import record_files, record_path, store_disk_bytes, temp_files
+from support.store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
 from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore

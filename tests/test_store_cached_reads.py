@@ -11,7 +11,7 @@ import os
 import time
 
 import pytest
-from records import flip_byte, record_path, write_key_file
+from support.records import flip_byte, record_path, write_key_file
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore

@@ -8,8 +8,8 @@ import random
 import threading
 
 import pytest
-from records import store_disk_bytes, temp_files
-from store_helpers import NS_A, checked_get, children, content, read_line, spawn
+from support.records import store_disk_bytes, temp_files
+from support.store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
 from hicache_galahad.store import RecordStore
 

@@ -13,8 +13,16 @@ import signal
 import time
 
 import pytest
-from records import record_files, store_disk_bytes, temp_files
-from store_helpers import NS_A, children, content, crash_keyspace, header_of, read_line, spawn
+from support.records import record_files, store_disk_bytes, temp_files
+from support.store_helpers import (
+    NS_A,
+    children,
+    content,
+    crash_keyspace,
+    header_of,
+    read_line,
+    spawn,
+)
 
 from hicache_galahad.store import RecordStore
 

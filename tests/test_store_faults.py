@@ -8,7 +8,7 @@ import os
 import threading
 
 import pytest
-from records import (
+from support.records import (
     quarantine_files,
     record_files,
     record_path,
@@ -16,7 +16,7 @@ from records import (
     temp_files,
     write_key_file,
 )
-from store_helpers import NS_A, checked_get, content
+from support.store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store import reader as reader_module

@@ -15,8 +15,8 @@ import sys
 from dataclasses import dataclass, field
 
 import pytest
-from records import quarantine_files, record_path, temp_files, write_key_file
-from store_helpers import NS_A, checked_get, content, dead_pid, header_of, hex_key, stop
+from support.records import quarantine_files, record_path, temp_files, write_key_file
+from support.store_helpers import NS_A, checked_get, content, dead_pid, header_of, hex_key, stop
 
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.crypto import KeyFileError

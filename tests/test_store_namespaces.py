@@ -6,8 +6,8 @@ import os
 import shutil
 
 import pytest
-from records import ns_dir, record_path, write_key_file
-from store_helpers import NS_A, checked_get, content
+from support.records import ns_dir, record_path, write_key_file
+from support.store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore

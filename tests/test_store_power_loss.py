@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 import pytest
-from store_helpers import NS_A, content
+from support.store_helpers import NS_A, content
 
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.layout import record_filename

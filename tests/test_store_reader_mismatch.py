@@ -6,7 +6,7 @@ from __future__ import annotations
 import os
 
 import pytest
-from records import flip_byte, record_files, record_path, write_key_file
+from support.records import flip_byte, record_files, record_path, write_key_file
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore

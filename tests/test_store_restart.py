@@ -9,8 +9,8 @@ import shutil
 import time
 
 import pytest
-from records import record_path, store_disk_bytes, temp_files, write_key_file
-from store_helpers import NS_A, checked_get, content, hex_key, run_json
+from support.records import record_path, store_disk_bytes, temp_files, write_key_file
+from support.store_helpers import NS_A, checked_get, content, hex_key, run_json
 
 from hicache_galahad.store import RecordStore
 

@@ -15,8 +15,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from records import write_key_file
-from store_helpers import content
+from support.records import write_key_file
+from support.store_helpers import content
 
 from hicache_galahad.errors import FormatError
 from hicache_galahad.record import format as fmt

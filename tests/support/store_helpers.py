@@ -23,7 +23,7 @@ from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 
-TESTS_DIR = os.path.dirname(os.path.abspath(__file__))
+TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 REPO_ROOT = os.path.dirname(TESTS_DIR)
 PYTHON = sys.executable
 CHILD = os.path.join(TESTS_DIR, "store_child.py")

@@ -7,9 +7,9 @@ import itertools
 
 import pytest
 import torch
-from records import chain_keys
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
-from sglang_pools import (
+from support.records import chain_keys
+from support.sglang_pools import (
     create_galahad,
     mamba_pool,
     mha_pool,

@@ -42,13 +42,14 @@ from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName, PoolTransfer
 from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
-from sglang_pools import create_galahad, mha_pool
 from transformers import DynamicCache
 from transformers.cache_utils import (
     DynamicLayer,
     LinearAttentionAndFullAttentionLayer,
     LinearAttentionLayer,
 )
+
+from .sglang_pools import create_galahad, mha_pool
 
 VOCAB = 100
 NUM_DECODE = 3
