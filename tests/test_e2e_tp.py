@@ -33,7 +33,7 @@ from pathlib import Path
 
 import e2e_support as e2e
 import pytest
-from records import budgeted_files, flip_byte, page_keys, pool_records
+from support.records import budgeted_files, flip_byte, page_keys, pool_records
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
