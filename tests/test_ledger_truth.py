@@ -131,3 +131,43 @@ def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(tmp_path, 
     assert ledger == on_disk, f"ledger {ledger} B, disk {on_disk} B: drift {ledger - on_disk} B"
     assert report.ledger_drift_bytes == 0, report.as_dict()
     assert report.actual_bytes == on_disk
+
+
+DIE_AMONG_LINKS = r"""
+import os, signal, sys
+from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store import RecordStore
+
+store = RecordStore(sys.argv[1], durability="none")
+namespace = Namespace("truth", "model", "kv", {})
+store.register_namespace(namespace)
+real_link, linked = os.link, []
+
+def link_then_die(*args, **kwargs):  # SIGKILL between the second link and the settle
+    real_link(*args, **kwargs)
+    linked.append(args[1])
+    if len(linked) == 2:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+os.link = link_then_die
+store.put_many(namespace, [f"{i:064x}" for i in range(4)], [bytes([i]) * 5000 for i in range(4)])
+"""
+
+
+def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(tmp_path):
+    """The kill lands between link(2) and the ledger's settle (injected: a SIGKILL at that
+    instant cannot be timed for real). The journal the writer left in the ledger is how the
+    next process counts the two records that were linked, exactly, without a recount."""
+    root = str(tmp_path / "root")
+    RecordStore(root, durability="none").close()
+    child = subprocess.run(
+        [sys.executable, "-c", DIE_AMONG_LINKS, root], env=helper_env(), capture_output=True
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr
+    assert len(record_files(root)) == 2
+    with RecordStore(root, durability="none") as store:
+        assert store.stats().get("ledger_rebuilds", 0) == 0  # no recount: the journal did it
+        assert store.accounting.ledger.committed() == disk_bytes(root)
+        assert store.get(NAMESPACE, f"{1:064x}", 5000) == bytes([1]) * 5000
+        report = store.check()
+    assert report.ledger_drift_bytes == 0, report.as_dict()
