@@ -117,9 +117,9 @@ def test_open_a_store_of_100k_records(tmp_path):
         f"RSS +{measured['rss_delta_bytes'] / 2**20:.1f} MiB "
         f"(process RSS {measured['rss_after_bytes'] / 2**20:.1f} MiB)"
     )
-    assert measured["indexed_records"] == count
+    assert measured["indexed_records"] < 1000  # no index of the records (issue 19)
     assert measured["probe_ok"]
     assert measured["ledger_bytes"] == store_disk_bytes(root)
-    assert measured["open_s"] < 5.0
-    assert measured["rss_delta_bytes"] < 256 * 2**20
+    assert measured["open_s"] < 1.0  # reads no record directory: milliseconds
+    assert measured["rss_delta_bytes"] < 32 * 2**20
     shutil.rmtree(root)  # 100k files: do not leave them in pytest's kept temp dirs
