@@ -168,6 +168,29 @@ def test_imports_follow_the_package_rules():
     assert not wrong, "imports against the package rules:\n" + "\n".join(wrong)
 
 
+def test_the_operators_command_uses_the_stores_public_verbs():
+    """ops/ (the galahad command) reaches the store through RecordStore's verbs, never its
+    parts (layout, reader, codec, ...); only the record-file type of a scan is named."""
+    allowed = {f"{TOP}/store/__init__.py", f"{TOP}/store/record_store.py"}
+    wrong = []
+    for path in code_modules():
+        if package_of(path) != "ops":
+            continue
+        tree = ast.parse((ROOT / path).read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("store"):
+                names = {alias.name for alias in node.names}
+                if node.module == "store.layout" and names == {"FileEntry"}:
+                    continue
+                if node.module != "store":
+                    wrong.append(f"{path}:{node.lineno} imports {node.module}")
+        for target, _, line in imports_of(path):
+            inside = target.startswith(f"{TOP}/store/") and target not in allowed
+            if inside and not target.endswith("/layout.py"):  # FileEntry, checked above
+                wrong.append(f"{path}:{line} imports {target}")
+    assert not wrong, "ops/ reaching into the store's parts:\n" + "\n".join(sorted(set(wrong)))
+
+
 def test_the_rules_have_no_cycle():
     done: set[str] = set()
 

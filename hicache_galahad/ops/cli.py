@@ -140,8 +140,8 @@ def cmd_verify(args) -> int:
         if args.tenant is not None:
             dirnames = [
                 dirname
-                for dirname in store.layout.namespace_dirnames()
-                if (ns := store.layout.load_namespace(dirname)) and ns.tenant == args.tenant
+                for dirname, ns in store.namespaces_on_disk()
+                if ns is not None and ns.tenant == args.tenant
             ]
         progress = _progress(store, dirnames)
         try:
@@ -190,7 +190,7 @@ def _progress(store: RecordStore, dirnames):
         return None
     from tqdm import tqdm
 
-    total = sum(entry.size_bytes for entry in store.layout.records(dirnames))
+    total = sum(entry.size_bytes for entry in store.record_files(dirnames))
     return tqdm(total=total, unit="B", unit_scale=True, desc="verify", file=sys.stderr)
 
 
@@ -225,7 +225,7 @@ def cmd_gc(args) -> int:
     with _open(args, writable=True) as store:
         cap = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         if cap is None:
-            servers = ops.live_settings(store.root, store.accounting.is_alive)
+            servers = store.live_settings()
             caps = [s.get("max_bytes") for s in servers]
             caps = [c for c in caps if isinstance(c, int)]
             cap = min(caps) if caps else None

@@ -15,9 +15,7 @@ from dataclasses import dataclass, field
 
 from ..record import format as fmt
 from ..store import RecordStore
-from ..store.layout import FileEntry, record_filename
-from ..store.lifetime import lifetime_totals, live_settings
-from ..store.reader import open_record
+from ..store.layout import FileEntry
 
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
@@ -98,19 +96,12 @@ def not_a_record(entry: FileEntry) -> str | None:
     return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def _raw_len(entry: FileEntry) -> int | None:
+def _raw_len(store: RecordStore, entry: FileEntry) -> int | None:
     """The raw page size a record's header declares (its structural rules only)."""
     try:
-        fd = open_record(entry.path)
+        return store.file_header(entry.path).raw_len
     except (OSError, fmt.FormatError):
         return None
-    try:
-        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-        return fmt.parse_header(prefix, os.fstat(fd).st_size).raw_len
-    except (OSError, fmt.FormatError):
-        return None
-    finally:
-        os.close(fd)
 
 
 def namespace_stats(
@@ -119,21 +110,20 @@ def namespace_stats(
     """Per namespace: its record files (regular files only; anything else under a record's
     name is appended to `not_records` as (path, kind))."""
     found = []
-    for dirname in store.layout.namespace_dirnames(unreadable):
-        namespace = store.layout.load_namespace(dirname)
+    for dirname, namespace in store.namespaces_on_disk(unreadable):
         stats = NamespaceStats(
             dirname,
             namespace.tenant if namespace else None,
             namespace.model_fingerprint if namespace else None,
             namespace.pool if namespace else None,
         )
-        for entry in store.layout.records([dirname], unreadable):
+        for entry in store.record_files([dirname], unreadable):
             kind = not_a_record(entry)
             if kind is not None:
                 if not_records is not None:
                     not_records.append((entry.path, kind))
                 continue
-            stats.add(entry, _raw_len(entry))
+            stats.add(entry, _raw_len(store, entry))
         found.append(stats)
     return found
 
@@ -144,7 +134,7 @@ def stats_report(store: RecordStore) -> dict:
         store, lambda path, error: unreadable_dirs.append(path), not_records
     )
     filesystem = os.statvfs(store.root)
-    settings = live_settings(store.root, store.accounting.is_alive)
+    settings = store.live_settings()
     caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
     floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
     return {
@@ -156,7 +146,7 @@ def stats_report(store: RecordStore) -> dict:
         "records": sum(ns.records for ns in namespaces),
         "disk_bytes": sum(ns.disk_bytes for ns in namespaces),
         "logical_bytes": sum(ns.logical_bytes for ns in namespaces),
-        "quarantined_files": len(store.quarantine_box.names()),
+        "quarantined_files": store.quarantined_files(),
         "budget": {
             "max_bytes": min(caps) if caps else None,
             "min_free_bytes": max(floors) if floors else None,
@@ -165,7 +155,7 @@ def stats_report(store: RecordStore) -> dict:
             "filesystem_bytes": filesystem.f_blocks * filesystem.f_frsize,
             "servers": settings,
         },
-        "lifetime_counters": lifetime_totals(store.root),
+        "lifetime_counters": store.lifetime_counters(),
     }
 
 
@@ -203,8 +193,7 @@ def purge(
     one of those filters is given."""
     report = PurgeReport(dry_run=dry_run)
     cutoff_ns = None if older_than_s is None else (time.time() - older_than_s) * 1e9
-    for dirname in store.layout.namespace_dirnames():
-        namespace = store.layout.load_namespace(dirname)
+    for dirname, namespace in store.namespaces_on_disk():
         if tenant is not None or model_fingerprint is not None:
             if namespace is None:
                 report.unattributable_namespaces.append(dirname)
@@ -214,7 +203,7 @@ def purge(
             if model_fingerprint is not None and namespace.model_fingerprint != model_fingerprint:
                 continue
         removed = 0
-        for entry in store.layout.records([dirname]):
+        for entry in store.record_files([dirname]):
             if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
                 continue
             freed = entry.accounted_bytes if dry_run else store.delete_file(dirname, entry.name)
@@ -236,9 +225,8 @@ def find_record(store: RecordStore, target: str) -> str | None:
     """A record file named by its path, or found by its key in any namespace."""
     if os.path.sep in target or target.endswith(".rec"):
         return target if os.path.lexists(target) else None
-    filename = record_filename(target)
-    for dirname in store.layout.namespace_dirnames():
-        path = os.path.join(store.layout.namespace_dir(dirname), filename)
+    for dirname, _ in store.namespaces_on_disk():
+        path = store.record_file_path(dirname, target)
         if os.path.lexists(path):
             return path
     return None
@@ -249,20 +237,12 @@ def inspect_record(store: RecordStore, path: str) -> dict:
     path = os.path.abspath(path)
     dirname = os.path.basename(os.path.dirname(path))
     info = {"path": path, "size_bytes": os.lstat(path).st_size}
-    entry = next(
-        (e for e in store.layout.records([dirname]) if e.path == path),
-        None,
-    )
+    entry = next((e for e in store.record_files([dirname]) if e.path == path), None)
     try:
-        fd = open_record(path)
-        try:
-            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-            header = fmt.parse_header(prefix, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
+        header = store.file_header(path)
     except fmt.FormatError as error:
         return info | {"valid": False, "problem": f"{error.rule}: {error}"}
-    namespace = store.layout.load_namespace(dirname)
+    namespace = dict(store.namespaces_on_disk()).get(dirname)
     info |= {
         "format_version": fmt.FORMAT_VERSION,
         "key": header.key.decode("utf-8", "replace"),
@@ -278,7 +258,7 @@ def inspect_record(store: RecordStore, path: str) -> dict:
     if entry is None:
         return info | {"valid": False, "problem": "not in a namespace directory of this root"}
     try:
-        store.reader.verify_file(entry, namespace)
+        store.verify_file(entry, namespace)
     except (fmt.FormatError, OSError) as error:
         rule = getattr(error, "rule", "I/O")
         return info | {"valid": False, "problem": f"{rule}: {error}"}

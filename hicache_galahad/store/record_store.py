@@ -41,9 +41,9 @@ from .budget import Budget
 from .checker import Checker, CheckReport
 from .flusher import Flusher
 from .layout import StoreLayout, record_filename
-from .lifetime import CounterFile
+from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
-from .reader import RecordReader, reader_may_be_wrong
+from .reader import RecordReader, open_record, reader_may_be_wrong
 from .writer import RecordWriter
 
 log = logging.getLogger("hicache_galahad.store")
@@ -363,6 +363,51 @@ class RecordStore:
         return self.checker.check(
             fix=fix and not self.read_only, on_record=on_record, dirnames=dirnames, threads=threads
         )
+
+    # ----------------------------------------------------------------- the operator's view
+
+    def namespaces_on_disk(self, on_error=None) -> list[tuple[str, Namespace | None]]:
+        """(directory name, its namespace.json or None) of every namespace directory under
+        the root; `on_error(path, error)` is told of a directory that cannot be read."""
+        return [
+            (dirname, self.layout.load_namespace(dirname))
+            for dirname in self.layout.namespace_dirnames(on_error)
+        ]
+
+    def record_files(self, dirnames=None, on_error=None):
+        """The record files on disk (layout.FileEntry), of the given namespace directories
+        (all when None): a scan that follows no link."""
+        return self.layout.records(dirnames, on_error)
+
+    def record_file_path(self, dirname: str, key: str) -> str:
+        """Where the record of `key` lives in a namespace directory."""
+        return os.path.join(self.layout.namespace_dir(dirname), record_filename(key))
+
+    def file_header(self, path: str) -> fmt.Header:
+        """A record file's header after its structural rules (V0-V9) only: what it claims,
+        for the operator, not a verdict. Raises format.FormatError or OSError."""
+        fd = open_record(path)
+        try:
+            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+            return fmt.parse_header(prefix, os.fstat(fd).st_size)
+        finally:
+            os.close(fd)
+
+    def verify_file(self, entry, namespace: Namespace | None) -> None:
+        """Every rule on a record file found by record_files (reader.verify_file), as
+        `galahad verify` applies them; raises format.FormatError or OSError."""
+        self.reader.verify_file(entry, namespace)
+
+    def live_settings(self) -> list[dict]:
+        """The settings of the processes alive on this root (lifetime.live_settings)."""
+        return live_settings(self.root, self.accounting.is_alive)
+
+    def quarantined_files(self) -> int:
+        return len(self.quarantine_box.names())
+
+    def lifetime_counters(self) -> dict:
+        """The counters of every process that used this root, summed (lifetime.py)."""
+        return lifetime_totals(self.root)
 
     def delete_file(self, dirname: str, filename: str) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
