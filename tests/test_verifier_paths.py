@@ -229,3 +229,23 @@ def test_verify_is_silent(tmp_path):
     assert store.counters.snapshot()["corrupt"] == before.get("corrupt", 0) + 1
     assert store.stats()["quarantined"] == 1
     store.close()
+
+
+def test_a_bug_in_the_page_cache_path_is_counted_and_the_record_still_served(tmp_path, monkeypatch):
+    """The page-cache path declines what it cannot serve; an exception from it is a bug
+    (injected: one cannot be made on purpose). It used to be swallowed without a count, so a
+    broken fast path would have sent every page to the threads unseen. Now it is counted in
+    unexpected_errors and the record is still served by the full path."""
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store.register_namespace(NS)
+    page = content(KEY, PAGE)
+    assert store.put(NS, KEY, page)
+
+    def broken(*args, **kwargs):
+        raise RuntimeError("injected bug")
+
+    monkeypatch.setattr(store.reader, "read_cached_into", broken)
+    out = bytearray(PAGE)
+    assert store.get_into(NS, KEY, out) and out == page
+    assert store.counters.snapshot()["unexpected_errors"] == 1
+    store.close()

@@ -225,11 +225,16 @@ class RecordStore:
         return self._read_guarded(namespace, key, bytearray(expected_size), silent=True)
 
     def _read_cached(self, namespace: Namespace, key: str, out, filename: str) -> bool:
-        """The page-cache path; anything unexpected there only sends the record to the full
-        path (_read_guarded), which counts and reports it."""
+        """The page-cache path; it declines (False) whatever it cannot serve, and the full
+        path (_read_guarded) decides. A destination it cannot use (TypeError, ValueError) is
+        left for the full path to report; any other exception is a bug of this path: counted
+        and reported, and the record still goes to the full path."""
         try:
             return self.reader.read_cached_into(namespace, key, out, filename)
-        except Exception:
+        except (TypeError, ValueError):  # a destination it cannot use: the full path says so
+            return False
+        except Exception as error:
+            self._bug("read-cached-bug", "page-cache read", error)
             return False
 
     def _read_guarded(
@@ -253,13 +258,16 @@ class RecordStore:
             self._warn.warning("read-io", "galahad: I/O error reading %s: %s", key, error)
             return False
         except Exception as error:  # a bug, not damage: never raised into the caller
-            self.counters.add("unexpected_errors")
             self.counters.add("misses", miss)
-            self._warn.warning(
-                "read-bug", "galahad: unexpected read failure: %r", error, exc_info=True
-            )
+            self._bug("read-bug", "read", error)
             return False
         return True
+
+    def _bug(self, topic: str, what: str, error: Exception) -> None:
+        """The store's one way to swallow an exception that is a bug (never damage or an
+        I/O error): counted in unexpected_errors and logged with its traceback."""
+        self.counters.add("unexpected_errors")
+        self._warn.warning(topic, "galahad: unexpected %s failure: %r", what, error, exc_info=True)
 
     def _on_bad_record(
         self, namespace: Namespace, key: str, error: fmt.FormatError, miss: int = 1
@@ -288,7 +296,10 @@ class RecordStore:
         """Whether a record file exists (cheap; the read still verifies everything)."""
         try:
             fd = self.reader.open_record(namespace.dirname, record_filename(key))
-        except Exception:
+        except (OSError, fmt.FormatError):  # absent, unreadable, not a regular file
+            return False
+        except Exception as error:
+            self._bug("contains-bug", "existence check", error)
             return False
         os.close(fd)
         return True
