@@ -25,7 +25,7 @@ from ..errors import ConfigError
 from ..telemetry.metrics import Counters, RateLimitedLog
 from .eviction import SampledLru
 from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
-from .ledger import PROCS_DIR, Ledger, ProcessLock, token_alive
+from .ledger import PROCS_DIR, Journal, Ledger, ProcessLock, token_alive
 from .lifetime import retire
 from .quarantine import Quarantine
 
@@ -155,6 +155,12 @@ class Accounting:
         self._sweeper = threading.Thread(target=sweep, name="galahad-sweep", daemon=True)
         self._sweeper.start()
 
+    def wait_for_sweep(self, timeout_s: float | None = None) -> None:
+        """Returns once the background sweep of dead writers' temp files (if one runs) ends."""
+        sweeper = self._sweeper
+        if sweeper is not None:
+            sweeper.join(timeout_s)
+
     # ------------------------------------------------------------- the ledger
 
     def rebuild(self) -> int:
@@ -209,11 +215,17 @@ class Accounting:
             return committed
         return min(committed, used)
 
-    def _inode_of(self, dirname: str, filename: str) -> int | None:
+    def _inode_of(self, dirname: str | None, filename: str) -> int | None:
+        """The inode at a record's name (dirname None: a quarantined file), or None."""
         try:
-            info = os.stat(
-                filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
-            )
+            if dirname is None:
+                info = os.stat(
+                    os.path.join(self.layout.quarantine_dir, filename), follow_symlinks=False
+                )
+            else:
+                info = os.stat(
+                    filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
+                )
         except OSError:
             return None
         return info.st_ino if accounted_bytes(info) or info.st_size == 0 else None
@@ -306,17 +318,25 @@ class Accounting:
         if self.read_only or not is_record_name(filename):
             return None
 
-        def action():
-            if expected is not None and expected[0] is not None:
-                try:
-                    info = os.stat(
-                        filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
-                    )
-                except OSError:
-                    return None
-                if info.st_ino != expected[0] or info.st_mtime_ns > expected[1]:
-                    return None
-            return self.layout.unlink_record(dirname, filename)
+        def action(journal):
+            try:
+                dir_fd = self.layout.namespace_fd(dirname)
+                info = os.stat(filename, dir_fd=dir_fd, follow_symlinks=False)
+            except OSError:
+                return None
+            if (
+                expected is not None
+                and expected[0] is not None
+                and (info.st_ino != expected[0] or info.st_mtime_ns > expected[1])
+            ):
+                return None  # replaced, or used since it was sampled: it stays
+            size = accounted_bytes(info)
+            journal(Journal.DELETE, dirname, [(filename, info.st_ino, size)])
+            try:
+                os.unlink(filename, dir_fd=dir_fd)
+            except OSError:
+                return None
+            return size
 
         try:
             freed = self.ledger.apply(action)

@@ -50,6 +50,7 @@ _ENTRY = struct.Struct("<16sQ")
 TOKEN_BYTES = 16
 MAX_ENTRIES = 4096
 PROCS_DIR = "procs"
+QUARANTINE_DIR = "quarantine"
 LOCK_SUFFIX = ".lock"
 NEW_LOCK_SUFFIX = ".lock.new"  # a lock being made: locked first, then renamed into place
 ABANDONED_LOCK_AGE_S = 60.0
@@ -232,20 +233,25 @@ class _State:
 
 
 class Journal:
-    """The records a process is linking into place right now (inside one locked section):
-    namespace directory, then (inode, accounted bytes, file name) of each. Written before
-    the first link and cleared with the settle that counts them, both under the lock; one
-    found by another process means its writer died between the two (the lock is free), and
-    the records of it that are on disk (same name, same inode) are counted then."""
+    """What a process is changing on disk right now, inside one locked section: the kind
+    (PUBLISH: records being linked into place; DELETE: a record being unlinked; TRIM: a
+    quarantined file being unlinked), the namespace directory, then (inode, accounted bytes,
+    file name) of each file. Written before the first irreversible step and cleared with the
+    update that counts it, both under the lock; one found by another process means its writer
+    died between the two (the lock is free), and the disk says what happened: a record linked
+    (same name, same inode) is counted, a file gone is released."""
 
+    PUBLISH, DELETE, TRIM = b"P", b"D", b"Q"
+    QUARANTINE = "0" * 32  # the directory field of a TRIM (the quarantine directory)
     _ITEM = struct.Struct("<QQB")
 
-    def __init__(self, token: str, dirname: str, items: list[tuple[str, int, int]]):
-        self.token, self.dirname, self.items = token, dirname, items
+    def __init__(self, token: str, dirname: str, items: list, kind: bytes = PUBLISH):
+        self.token, self.dirname, self.items, self.kind = token, dirname, items, kind
 
     def pack(self) -> bytes:
         out = [
             self.token.encode("ascii"),
+            self.kind,
             self.dirname.encode("ascii"),
             struct.pack("<H", len(self.items)),
         ]
@@ -257,9 +263,10 @@ class Journal:
     @classmethod
     def parse(cls, raw: bytes):
         try:
-            token, dirname = raw[:16].decode("ascii"), raw[16:48].decode("ascii")
-            (count,) = struct.unpack_from("<H", raw, 48)
-            offset, items = 50, []
+            token, kind = raw[:16].decode("ascii"), raw[16:17]
+            dirname = raw[17:49].decode("ascii")
+            (count,) = struct.unpack_from("<H", raw, 49)
+            offset, items = 51, []
             for _ in range(count):
                 inode, size, length = cls._ITEM.unpack_from(raw, offset)
                 offset += cls._ITEM.size
@@ -270,9 +277,11 @@ class Journal:
                 items.append((name, inode, size))
         except (UnicodeDecodeError, struct.error):
             return None
+        if kind not in (cls.PUBLISH, cls.DELETE, cls.TRIM):
+            return None
         if offset != len(raw) or not is_token(token) or not _DIRNAME.match(dirname):
             return None
-        return cls(token, dirname, items)
+        return cls(token, dirname, items, kind)
 
 
 class LedgerWriteError(OSError):
@@ -303,8 +312,12 @@ class Ledger:
         self.recovered_bytes = 0
         self._fd = self._open()
 
-    def _inode_by_path(self, dirname: str, filename: str) -> int | None:
-        path = os.path.join(os.path.dirname(self._path), "ns", dirname, filename)
+    def _inode_by_path(self, dirname: str | None, filename: str) -> int | None:
+        root = os.path.dirname(self._path)
+        if dirname is None:  # a quarantined file
+            path = os.path.join(root, QUARANTINE_DIR, filename)
+        else:
+            path = os.path.join(root, "ns", dirname, filename)
         try:
             info = os.stat(path, follow_symlinks=False)
         except OSError:
@@ -312,15 +325,21 @@ class Ledger:
         return info.st_ino if stat.S_ISREG(info.st_mode) else None
 
     def _recover(self, state: _State) -> None:
-        """A journal under the lock: its writer died while linking (or right after). What
-        of it is on disk is counted; the rest was never published (its reservation goes with
-        the dead writer's entry)."""
+        """A journal under the lock: its writer died inside a locked section. What the disk
+        shows is counted: records of a publication that are there (the rest was never
+        published; its reservation goes with the dead writer's entry), files of a deletion
+        that are gone."""
         journal, state.journal = state.journal, None
         if journal.token == getattr(self._process, "token", None):
             return  # ours, left by an update that failed: that update settled it
+        dirname = None if journal.kind == Journal.TRIM else journal.dirname
         for filename, inode, size in journal.items:
-            if self.inode_of(journal.dirname, filename) == inode:
+            there = self.inode_of(dirname, filename) == inode
+            if journal.kind == Journal.PUBLISH and there:
                 state.committed += size
+                self.recovered_bytes += size
+            elif journal.kind != Journal.PUBLISH and not there:
+                state.committed = max(0, state.committed - size)
                 self.recovered_bytes += size
 
     def _open(self) -> int | None:
@@ -453,7 +472,7 @@ class Ledger:
         be written after the links."""
         if self._read_only:
             return link_all()
-        journal = Journal(self._process.token, dirname, items)
+        journal = Journal(self._process.token, dirname, items, Journal.PUBLISH)
         if len(journal.pack()) > JOURNAL_MAX_BYTES:
             journal = None
         kept = 0
@@ -483,14 +502,24 @@ class Ledger:
             state.entries[self._process.token] = self._mine
 
     def apply(self, action) -> int | None:
-        """Runs `action()` (a deletion or a move of a record or quarantined file) under the
-        ledger's lock and releases the bytes it returns (None: nothing was freed). Under the
-        lock, no recount can see the file gone but the bytes still counted, or the reverse."""
+        """Runs `action(journal)` (a deletion or a move of a record or quarantined file)
+        under the ledger's lock and releases the bytes it returns (None: nothing was freed).
+        Under the lock, no recount can see the file gone but the bytes still counted, or the
+        reverse. An action that deletes calls `journal(kind, dirname, items)` first (items:
+        (file name, inode, bytes)), so that if this process dies between the unlink and the
+        ledger's write, the next process releases what is gone."""
         if self._read_only:
             return None
 
         def update(state: _State):
-            freed = action()
+            def journal(kind: bytes, dirname: str, items: list) -> None:
+                state.journal = Journal(self._process.token, dirname, items, kind)
+                self._mine_entry(state)
+                os.pwrite(self._fd, state.pack(), 0)
+                state.rewrite = True
+
+            freed = action(journal)
+            state.journal = None
             if freed:
                 state.committed = max(0, state.committed - freed)
             return freed

@@ -16,8 +16,8 @@ import time
 
 from ..telemetry.metrics import Counters
 from .eviction import LruIndex
-from .layout import StoreLayout, accounted_bytes
-from .ledger import Ledger
+from .layout import StoreLayout, accounted_bytes, is_record_name
+from .ledger import Journal, Ledger
 
 QUARANTINE_KEEP_FILES = 32
 HAS_FILES_RECHECK_S = 1.0
@@ -63,7 +63,7 @@ class Quarantine:
         except OSError:
             return False
 
-        def action():  # under the ledger's lock: a recount sees it in one place or the other
+        def action(journal):  # under the ledger's lock: a recount sees it in one place only
             os.rename(
                 filename,
                 f"{time.time_ns()}-{dirname}-{filename}",
@@ -128,8 +128,11 @@ class Quarantine:
                 removed = 0
                 for name in victims:
 
-                    def action(name=name):
-                        size = accounted_bytes(os.stat(name, dir_fd=dir_fd, follow_symlinks=False))
+                    def action(journal, name=name):
+                        info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
+                        size = accounted_bytes(info)
+                        if is_record_name(name):  # (anything else cannot be journaled)
+                            journal(Journal.TRIM, Journal.QUARANTINE, [(name, info.st_ino, size)])
                         os.unlink(name, dir_fd=dir_fd)
                         return size
 
