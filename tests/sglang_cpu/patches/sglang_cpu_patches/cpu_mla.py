@@ -10,9 +10,11 @@ latent KV into per-head keys and values, then ordinary attention) and the absorb
 ``AttentionBackendRegistry`` has no handler for ``torch_native``, so it falls back to the
 ``triton`` handler, which chooses the MHA form for a prefill without a cached prefix. The
 torch-native backend, however, always attends over what is in the KV pool, and an MLA pool holds
-latent vectors: the MHA form then attends over latent vectors as if they were per-head keys, a
-wrong answer (and another one than the absorbed form gives once the prefix is cached, so a
-restored prefix would never reproduce the cold run). This patch registers a ``torch_native``
+latent vectors: the MHA form then attends over latent vectors as if they were per-head keys. For
+the tiny test model the scheduler dies at the first prefill ("Expected size for first two
+dimensions of batch2 tensor to be: [2, 32] but got: [2, 48]": latent 32 + rope 16 against a
+32-wide key); where the shapes happen to fit it is a wrong answer, and another one than the
+absorbed form gives once the prefix is cached, so a restore would never reproduce the cold run. This patch registers a ``torch_native``
 handler that always answers the absorbed MLA form: every prefill, extend and decode attends over
 the pool's latent vectors the same way, so a restored run is bit-identical to a cold one.
 
