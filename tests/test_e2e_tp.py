@@ -10,7 +10,7 @@ keeps one shared KV namespace, written by rank 0 alone and read by both; a hybri
 (Qwen3-Next) keeps per-rank KV and per-rank Mamba namespaces.
 
 The harness sets what TP needs on CPU (tests/sglang_cpu/README.md, "More than one rank"). Each
-server start takes about 35-45 s here; ``--sleep-on-idle`` keeps the two idle schedulers from
+server start takes 35-80 s here (more beside busy neighbours); ``--sleep-on-idle`` keeps the two idle schedulers from
 polling two cores. Llama and MLA run in CI (``slow``, ``e2e``); the hybrid model's TP run, the
 slowest, runs only with ``GALAHAD_E2E_TP_HYBRID=1`` (CI budget).
 
