@@ -484,7 +484,11 @@ def ledger_drift(root: str) -> int:
 
 
 def iterations(args, n, procs) -> int:
-    """Batches per op and process: the records a run writes stay a few percent of the root."""
+    """Batches per op and process: the records a run writes stay a few percent of the root
+    (put into a full budget evicts the root's own records), unless --fixed-iters (the same
+    count at every size: the processes then overlap as much at every size)."""
+    if args.fixed_iters:
+        return args.iters
     return max(2, min(args.iters, n // (30 * procs * BATCH)))
 
 
@@ -692,6 +696,9 @@ def main() -> None:
     parser.add_argument("--iters", type=int, default=30, help="batches of 32 per op and process")
     parser.add_argument("--phase-s", type=float, default=9.0, help="writer/evictor phase length")
     parser.add_argument("--quick", action="store_true", help="tiny sizes (smoke test)")
+    parser.add_argument(
+        "--fixed-iters", action="store_true", help="--iters batches at every size (see iterations)"
+    )
     parser.add_argument("--json", help="write the figures here too")
     parser.add_argument(
         "--skip",
