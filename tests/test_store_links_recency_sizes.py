@@ -231,6 +231,23 @@ def test_the_time_of_last_use_is_set_at_most_once_an_interval(tmp_path, monkeypa
     assert report.removed_records == len(KEYS) - 1  # the others: unused for an hour
 
 
+def test_what_a_reader_remembers_of_its_uses_is_bounded(tmp_path, monkeypatch):
+    """The map of records whose time of last use this process set grew to 10^6 entries
+    (about 200 MB a process); it is bounded by TOUCHED_LOCATIONS_MAX, and a record read again
+    after the map was cleared still reads and is touched again."""
+    from hicache_galahad.store import reader
+
+    assert reader.TOUCHED_LOCATIONS_MAX * 256 <= 16 << 20  # at most 16 MB a process
+    monkeypatch.setattr(reader, "TOUCHED_LOCATIONS_MAX", 3)
+    root = tmp_path / "store"
+    fill(root, ALICE, "r")
+    with RecordStore(str(root), durability="none") as store:
+        for _ in range(3):
+            for index, key in enumerate(KEYS):
+                assert store.get(ALICE, key, PAGE) == page("r", index)
+                assert len(store.reader._used_s) <= 4
+
+
 # ----------------------------------------------------------------------------- 11. claimed sizes
 
 

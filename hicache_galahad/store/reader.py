@@ -30,7 +30,10 @@ FAST_READ_MAX_BYTES = 1 << 20
 # A hint, not a promise: on a fast virtual disk the readahead it starts sometimes completes
 # and the read is served. Only where a read runs depends on it, never what it returns.
 RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
-TOUCHED_LOCATIONS_MAX = 1_000_000
+# The records whose time of last use this process set within RECENCY_INTERVAL_S: bounded (about
+# 210 bytes an entry, so at most ~14 MB), cleared when full, which costs at most one more
+# futimens per record read again within the interval.
+TOUCHED_LOCATIONS_MAX = 65_536
 # A record's modification time is its time of last use (eviction order after a restart,
 # `galahad purge --older-than`): a read sets it again when this process last set it more than
 # this long ago, so it is never older than this (plus the time between two reads) while the
