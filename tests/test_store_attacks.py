@@ -111,17 +111,25 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
         fill(store, ALICE, 10)
         fill(store, BOB, 10)
         ledger = Path(root) / "ledger"
-        data = bytearray(ledger.read_bytes())
-        _HEAD.pack_into(data, 0, MAGIC, 1 << 60, *_HEAD.unpack_from(data, 0)[2:])
-        ledger.write_bytes(bytes(data))
-        # Before a recount is due, the put fails and deletes nothing ...
-        assert not store.put(ALICE, key(99), page(99))
-        assert len(records_of(root, ALICE)) == 10 and len(records_of(root, BOB)) == 10
+
+        def rewrite_ledger() -> None:
+            data = bytearray(ledger.read_bytes())
+            _HEAD.pack_into(data, 0, MAGIC, 1 << 60, *_HEAD.unpack_from(data, 0)[2:])
+            ledger.write_bytes(bytes(data))
+
+        # No recount since the open: the ledger is recounted from disk at once, nothing goes.
+        rewrite_ledger()
+        assert store.put(ALICE, key(99), page(99))
+        assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
+        # Again before another recount is due: the put fails and deletes nothing ...
+        rewrite_ledger()
+        assert not store.put(ALICE, key(98), page(98))
+        assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
         assert store.stats()["budget_unreconciled"] >= 1
         # ... and once it is due, the ledger is recounted from disk and the put succeeds.
         monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
-        assert store.put(ALICE, key(99), page(99))
-        assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
+        assert store.put(ALICE, key(98), page(98))
+        assert len(records_of(root, ALICE)) == 12 and len(records_of(root, BOB)) == 10
         assert store.usage_bytes() == store.checker.disk_bytes()
 
 

@@ -295,3 +295,26 @@ def test_a_batch_larger_than_the_room_stores_what_fits_in_order(tmp_path):
         assert present(store, keys + more) == set(keys[:2] + more)
         assert store.usage_bytes() == store_disk_bytes(root) <= 5 * size
         assert temp_files(root) == []
+
+
+def test_records_removed_behind_the_stores_back_do_not_block_puts(tmp_path):
+    """An operator's `rm` of the records (test_e2e_galahad's eviction test does it) leaves the
+    ledger claiming bytes no file holds. The open no longer recounts, so the full budget
+    found nothing to evict and refused every put from then on. Now the first put that finds
+    no record to evict recounts the ledger (rate-limited), and stores."""
+    root = str(tmp_path / "store")
+    page_bytes = record_bytes("k0", 4096)
+    max_bytes = 4 * page_bytes
+    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+        store.register_namespace(NS_A)
+        keys = [f"k{index}" for index in range(4)]
+        assert store.put_many(NS_A, keys, [bytes(4096)] * 4) == [True] * 4
+    for path in record_files(root):
+        os.unlink(path)
+    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+        store.register_namespace(NS_A)
+        assert store.usage_bytes() == 4 * page_bytes  # the ledger still claims them
+        assert store.put(NS_A, "k9", bytes(4096))
+        assert store.get(NS_A, "k9", 4096) == bytes(4096)
+        assert store.usage_bytes() == store_disk_bytes(root) == page_bytes
+        assert store.check().clean

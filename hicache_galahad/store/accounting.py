@@ -117,7 +117,6 @@ class Accounting:
             return
         dead = self._dead_tokens()
         self.ledger.reclaim_dead()
-        self._last_rebuild_s = time.monotonic()  # (a reclaim may come again at once)
         if self.ledger.needs_rebuild:
             self.rebuild()
         if dead:

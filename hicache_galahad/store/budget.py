@@ -161,7 +161,10 @@ class Budget:
             return True
         victim = self.index.pop_oldest()
         if victim is None:
-            return False
+            # No record found at all while the ledger still claims the bytes: records removed
+            # behind the store's back (an operator's rm). Recount (rate-limited; cheap, since
+            # the sample found nothing to count) rather than refuse every put from now on.
+            return self._rebuild()
         freed = self.evictor.remove(victim[0])
         if freed is not None:  # else another process removed it (and released its bytes)
             self._on_event("evictions", 1)
