@@ -16,7 +16,7 @@ import time
 import pytest
 import zstandard
 from support.mooncake_cluster import RawClient, mooncake_cluster_fixture
-from support.records import chain_keys, pool_records
+from support.records import chain_keys, pool_records, zstd_record
 from support.sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
 from hicache_galahad.config.options import StoreOptions, parse_options
@@ -42,19 +42,6 @@ def plain_record(namespace, key: str, raw: bytes) -> bytes:
         raw, key=key.encode(), namespace=namespace.digest, digest_alg=fmt.DIGEST_XXH3_128
     )
     return bytes(header) + b"".join(bytes(chunk) for chunk in chunks)
-
-
-def zstd_record(namespace, key: str, frame: bytes, raw_len: int) -> bytes:
-    header = fmt.pack_header(
-        flags=fmt.FLAG_ZSTD,
-        payload_len=len(frame),
-        raw_len=raw_len,
-        namespace=namespace.digest,
-        key=key.encode(),
-        digest_alg=fmt.DIGEST_XXH3_128,
-    )
-    fmt.seal_digest(header, [frame], fmt.DIGEST_XXH3_128)
-    return bytes(header) + frame
 
 
 def gib_of_zeros_frame() -> bytes:

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 import xxhash
 import zstandard
+from support.records import zstd_record
 
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record import format as fmt
@@ -313,16 +314,7 @@ def _zstd_bomb(key: str, namespace: Namespace, raw_len: int) -> bytes:
     compressor = zstandard.ZstdCompressor(level=1).compressobj(size=raw_len)
     zeros = bytes(1 << 24)
     frame = b"".join(compressor.compress(zeros) for _ in range(raw_len >> 24)) + compressor.flush()
-    header = fmt.pack_header(
-        flags=fmt.FLAG_ZSTD,
-        payload_len=len(frame),
-        raw_len=raw_len,
-        namespace=namespace.digest,
-        key=key.encode(),
-        digest_alg=fmt.DIGEST_XXH3_128,
-    )
-    fmt.seal_digest(header, [frame], fmt.DIGEST_XXH3_128)
-    return bytes(header) + frame
+    return zstd_record(namespace, key, frame, raw_len)
 
 
 def test_a_value_claiming_a_gibibyte_is_never_decompressed(tmp_path):
@@ -354,16 +346,7 @@ def test_a_frame_claiming_more_than_its_header_is_never_inflated(tmp_path):
 
     frame = zstandard.ZstdCompressor(level=19).compress(bytes(64 << 20))
     assert len(frame) < PAGE
-    header = fmt.pack_header(
-        flags=fmt.FLAG_ZSTD,
-        payload_len=len(frame),
-        raw_len=PAGE,
-        namespace=ALICE.digest,
-        key=KEYS[0].encode(),
-        digest_alg=fmt.DIGEST_XXH3_128,
-    )
-    fmt.seal_digest(header, [frame], fmt.DIGEST_XXH3_128)
-    value = bytes(header) + frame
+    value = zstd_record(ALICE, KEYS[0], frame, PAGE)
     with RecordStore(str(tmp_path / "store"), compression="zstd") as store:
         store.register_namespace(ALICE)
         tracemalloc.start()

@@ -17,6 +17,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
+from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store.layout import TEMP_PREFIX, record_filename
 
@@ -161,3 +162,18 @@ def chain_keys(count: int, label: str = "seq") -> list[str]:
     """`count` chained 64-hex keys, as SGLang names its pages, without tokens behind them: one
     chain per label."""
     return hash_chain(f"{label}:{index}".encode() for index in range(count))
+
+
+def zstd_record(namespace: Namespace, key: str, frame: bytes, raw_len: int) -> bytes:
+    """A sound zstd record (header, xxh3 digest and all) of `frame` claiming `raw_len` raw
+    bytes: what a size or decompression bomb looks like when every other rule holds."""
+    header = fmt.pack_header(
+        flags=fmt.FLAG_ZSTD,
+        payload_len=len(frame),
+        raw_len=raw_len,
+        namespace=namespace.digest,
+        key=key.encode(),
+        digest_alg=fmt.DIGEST_XXH3_128,
+    )
+    fmt.seal_digest(header, [frame], fmt.DIGEST_XXH3_128)
+    return bytes(header) + frame
