@@ -535,3 +535,77 @@ def test_close_is_bounded_with_the_master_down(cluster, make_tier):
     tier.close(timeout_s=2)
     assert time.monotonic() - started < 8  # 2 s for the threads, then Mooncake's own close()
     assert tier.get_many(["cl/0"], [MIB]) == [None] and not tier.put_async("cl/x", b"1")
+
+
+# -- TieredStore: what a put shares ---------------------------------------------------------------
+
+
+def tiered_store(make_tier, cluster_, root: Path, sealed: bool):
+    """A TieredStore on `root`: plaintext with the cluster's integrity key, or `sealed`
+    (encrypted, zstd, no integrity key: its AES-GCM tags vouch)."""
+    from hicache_galahad.store import RecordStore
+    from hicache_galahad.tier.tiered import TieredStore
+
+    options = {"durability": "none"}
+    overrides = {}
+    if sealed:
+        key_file = root.parent / "tenants.key"
+        if not key_file.exists():
+            key_file.write_bytes(os.urandom(32))
+            key_file.chmod(0o600)
+        options |= {"encryption_key_file": str(key_file), "compression": "zstd"}
+        overrides["integrity_key_file"] = None
+    local = RecordStore(str(root), **options)
+    return TieredStore(local, connected(make_tier, cluster_, **overrides))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sealed", [False, True], ids=["tagged", "sealed"])
+def test_a_put_shares_the_bytes_it_wrote_once_and_a_present_record_not_again(
+    cluster, make_tier, tmp_path, monkeypatch, sealed
+):
+    from hicache_galahad.record.namespace import Namespace
+    from hicache_galahad.tier.mooncake.integrity import TAG_BYTES, ValueTag
+    from hicache_galahad.tier.tiered import shared_key
+
+    namespace = Namespace("tenant", f"fp-share-{sealed}", "kv", {"page": 1})
+    page = (b"galahad page " * 8000)[: 64 * KIB]
+    writer = tiered_store(make_tier, cluster, tmp_path / "a", sealed)
+    reader = tiered_store(make_tier, cluster, tmp_path / "b", sealed)
+    try:
+        writer.register_namespace(namespace)
+        reader.register_namespace(namespace)
+        encoded = []  # the real codec, its calls counted
+        real_encode = writer.local.codec.encode
+        monkeypatch.setattr(
+            writer.local.codec, "encode", lambda *a: encoded.append(a[1]) or real_encode(*a)
+        )
+        assert writer.put(namespace, "k0", page)
+        assert len(encoded) == 1  # one encoding, for the file and the shared value
+        assert writer.tier.flush(10)
+        name = shared_key(namespace, "k0")
+        value = bytes(reader.tier.get_many([name], [len(page) + 4 * KIB])[0])
+        with open(writer.local.record_file_path(namespace.dirname, "k0"), "rb") as file:
+            on_disk = file.read()
+        if sealed:
+            assert value == on_disk  # the sealed record alone
+        else:  # record || nonce || tag, under the cluster's key
+            tag = ValueTag(cluster.integrity_key_file.read_bytes())
+            assert value[:-TAG_BYTES] == on_disk and bytes(tag.open(name, value)) == on_disk
+        # the record is there: a second put stores nothing, encodes nothing, shares nothing
+        assert writer.put_many(namespace, ["k0", "k1"], [page, page]) == [True, True]
+        assert encoded == [b"k0", b"k1"]
+        assert writer.tier.flush(10)
+        counts = writer.counters.snapshot()
+        assert counts["puts_existing"] == 1 and counts["mooncake_puts_queued"] == 2
+        assert writer.tier.counters()["put_enqueued"] == 2
+        # another server serves the shared value, verified, and writes it through without
+        # sharing it back
+        assert reader.get(namespace, "k1", len(page)) == page
+        assert reader.flush_write_through(10)
+        assert reader.local.get(namespace, "k1", len(page)) == page
+        assert reader.counters.snapshot().get("mooncake_puts_queued", 0) == 0
+        assert reader.tier.counters()["put_enqueued"] == 0
+    finally:
+        writer.close()
+        reader.close()

@@ -321,10 +321,18 @@ class RecordStore:
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
         """put for many records (writer.py: staged, flushed together, then published)."""
+        return self.publish_many(namespace, keys, datas)
+
+    def publish_many(
+        self, namespace: Namespace, keys: list, datas: list, on_published=None
+    ) -> list[bool]:
+        """put_many, telling `on_published(namespace, [(key, record pieces)])` (a tier's
+        writer.PublishHook) the exact bytes of each record this call linked into place: not
+        of those found already stored. Any exception it raises is counted as a bug."""
         if len(keys) != len(datas) or self._closed or self.read_only:
             return [False] * len(keys)
         self.namespaces.refresh(namespace)
-        results = self.writer.put_many(namespace, keys, datas)
+        results = self.writer.put_many(namespace, keys, datas, on_published)
         self._persist_counters()
         return results
 

@@ -10,6 +10,11 @@ ledger update. Every file operation is relative to one descriptor of the namespa
 SIGKILL at any point leaves at most temp files, which are never read as records, and a
 reservation that the next rebuild takes back. A put that cannot complete returns False and
 leaves nothing partial behind.
+
+A caller may pass a publish hook (`on_published`, the shared tier's): after each batch it is
+handed, for the records this put linked into place (never those found already stored, by this
+put or by another writer), the exact bytes written to their files, so that nothing is encoded
+twice. The bytes are held from encoding until the hook returns, within the batch bounds below.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..record import format as fmt
@@ -39,6 +45,10 @@ STAGE_BATCH_MAX_BYTES = 64 * 1024 * 1024
 # 15% faster serially, 1 MiB records 20% faster over the I/O threads).
 PARALLEL_MIN_RECORD_BYTES = 512 * 1024
 
+# on_published(namespace, [(key, record pieces: header and payload chunks, in order)]): the
+# records one batch of a put published, with the bytes of their files.
+PublishHook = Callable[[Namespace, list], None]
+
 
 @dataclass
 class _Staged:
@@ -51,6 +61,7 @@ class _Staged:
     location: tuple
     total_bytes: int
     chunks: list | None  # header and payload, until written
+    record: list | None = None  # the same pieces, kept after writing for the publish hook
     fd: int | None = None
     error: OSError | None = None
     done: bool = False
@@ -145,7 +156,9 @@ class RecordWriter:
         self.sync_each_batch = durability == "fsync"
         self.flusher = flusher  # deferred durability: published records are flushed later
 
-    def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
+    def put_many(
+        self, namespace: Namespace, keys: list, datas: list, on_published: PublishHook | None = None
+    ) -> list[bool]:
         try:
             dir_fd = self.layout.namespace_fd_dup(namespace.dirname)
         except OSError as error:  # no directory (or a link where it was): nothing is written
@@ -157,7 +170,12 @@ class RecordWriter:
             sizes = [_record_bytes(data) for data in datas]
             for start, end in _batches(sizes):
                 results += self._put_batch(
-                    namespace, dir_fd, keys[start:end], datas[start:end], max(sizes[start:end])
+                    namespace,
+                    dir_fd,
+                    keys[start:end],
+                    datas[start:end],
+                    max(sizes[start:end]),
+                    on_published,
                 )
             if self.sync_each_batch and any(results) and not self._sync_dir(dir_fd):
                 results = [False] * len(keys)
@@ -173,7 +191,9 @@ class RecordWriter:
         )
         return results
 
-    def _put_batch(self, namespace, dir_fd, keys, datas, largest_bytes: int) -> list[bool]:
+    def _put_batch(
+        self, namespace, dir_fd, keys, datas, largest_bytes: int, on_published=None
+    ) -> list[bool]:
         run = self.parallel if largest_bytes >= PARALLEL_MIN_RECORD_BYTES else _serial
         prepared = run(
             lambda index: self._guarded(
@@ -183,9 +203,11 @@ class RecordWriter:
         )
         reserved = self._reserve([item for item in prepared if isinstance(item, _Staged)])
         ledger_failed = False
+        keep = on_published is not None
         try:
             written = run(
-                lambda index: self._guarded(self._write_temp, reserved[index]), len(reserved)
+                lambda index: self._guarded(self._write_temp, reserved[index], keep),
+                len(reserved),
             )
             pending = [item for item, ok in zip(reserved, written, strict=True) if ok]
             if self.sync_each_batch:
@@ -211,6 +233,12 @@ class RecordWriter:
                     self.layout.namespace_dir(namespace.dirname),
                     [item.location[1] for item in published],
                 )
+        if keep:
+            records = [(item.key, item.record) for item in published]
+            for item in reserved:
+                item.record = None
+            if records:
+                self._guarded(on_published, namespace, records)
         return [item.stored if isinstance(item, _Staged) else item for item in prepared]
 
     def _reserve(self, encoded: list) -> list:
@@ -293,8 +321,9 @@ class RecordWriter:
             chunks=[header, *payload_chunks],
         )
 
-    def _write_temp(self, staged: _Staged) -> bool:
-        """Phase 2 (its bytes reserved): the record into its temp file, not yet fsynced."""
+    def _write_temp(self, staged: _Staged, keep: bool = False) -> bool:
+        """Phase 2 (its bytes reserved): the record into its temp file, not yet fsynced; with
+        `keep`, its pieces stay held (staged.record) for the publish hook."""
         try:
             staged.fd = os.open(
                 staged.temp_name,
@@ -307,6 +336,7 @@ class RecordWriter:
             self._write_failed(staged.key, error)
             staged.abandon()
             return False
+        staged.record = staged.chunks if keep else None
         staged.chunks = None
         return True
 

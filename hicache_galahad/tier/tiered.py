@@ -18,7 +18,9 @@ good value can take its place; only an AES-GCM tag that fails before this reader
 opened any record of the namespace (most likely this server's key is the wrong one) is left.
 A verified value is copied into the caller's page and written through to the local disk, from
 exactly the private bytes that were verified. Writes go to the local disk, then asynchronously
-to Mooncake through the tier's bounded queue.
+to Mooncake through the tier's bounded queue: the value holds the bytes the local writer encoded
+and published (its publish hook), so a page is encoded (compressed, sealed) once, and a record
+the writer found already stored is not shared again.
 
 Mooncake is a cache that can lose anything at any time, and its failures are misses or skipped
 writes: the tier never raises and never blocks past its timeout (mooncake_tier.py).
@@ -313,26 +315,26 @@ class TieredStore:
     # ------------------------------------------------------------- writes
 
     def put_many(self, namespace: Namespace, keys: list, datas: list) -> list[bool]:
-        results = self.local.put_many(namespace, keys, datas)
-        if self.tier.available:
-            for key, data, ok in zip(keys, datas, results, strict=True):
-                if ok:
-                    self._share(namespace, key, data)
-        return results
+        """The local put; each record it publishes is then shared, from the bytes the writer
+        encoded and wrote to its file (writer.py's publish hook). A record found already
+        stored is not shared again, nor is a page written through from Mooncake."""
+        share = self._share if self.tier.available else None
+        return self.local.publish_many(namespace, keys, datas, share)
 
     def put(self, namespace: Namespace, key: str, data) -> bool:
         return self.put_many(namespace, [key], [data])[0]
 
-    def _share(self, namespace: Namespace, key: str, data) -> None:
-        header, chunks = self.local.codec.encode(namespace, fmt.encode_key(key), data)
-        name = shared_key(namespace, key)
-        pieces = [header, *chunks]
-        if self._tag is not None:
-            pieces.append(self._tag.tag(name, pieces))
-        if self.tier.put_async(name, b"".join(pieces)):
-            self.counters.add("mooncake_puts_queued")
-        else:
-            self.counters.add("mooncake_puts_dropped")
+    def _share(self, namespace: Namespace, records: list) -> None:
+        """The publish hook: queues `record || nonce || tag` (or the sealed record alone) for
+        each (key, record pieces) the local writer has just published."""
+        for key, pieces in records:
+            name = shared_key(namespace, key)
+            if self._tag is not None:
+                pieces = [*pieces, self._tag.tag(name, pieces)]
+            if self.tier.put_async(name, b"".join(pieces)):
+                self.counters.add("mooncake_puts_queued")
+            else:
+                self.counters.add("mooncake_puts_dropped")
 
     # ------------------------------------------------------------- admin
 
