@@ -22,10 +22,20 @@ import threading
 import time
 
 from ..errors import ConfigError
+from ..record import format as fmt
 from ..telemetry.metrics import Counters, RateLimitedLog
 from .eviction import SampledLru
 from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
-from .ledger import PROCS_DIR, Journal, Ledger, ProcessLock, token_alive
+from .ledger import (
+    _DIRNAME,
+    PROCS_DIR,
+    QUARANTINE_DIRNAME,
+    Journal,
+    Ledger,
+    NamespaceCount,
+    ProcessLock,
+    token_alive,
+)
 from .lifetime import retire
 from .quarantine import Quarantine
 
@@ -79,8 +89,12 @@ class Accounting:
                 "whose `ledger` is a regular file"
             ) from error
         self.quarantine = Quarantine(layout.quarantine_dir, self.ledger, self.index, counters)
-        self.ledger.recount = self.disk_bytes
+        self.ledger.recount = self.disk_counts
         self.ledger.inode_of = self._inode_of
+        self.ledger.logical_of = self._logical_of
+        # The oldest record of each namespace as the last recount of this process found it
+        # (the ledger cannot keep it under eviction); `galahad stats --recount` shows it.
+        self.recounted_oldest_ns: dict[str, int] = {}
         self._last_rebuild_s = -1e9
         self._last_reclaim_s = -1e9
         self._rebuild_lock = threading.Lock()
@@ -106,6 +120,63 @@ class Accounting:
         walk of every record: tools and repairs only)."""
         records = sum(e.accounted_bytes for e in self.layout.records(on_error=self.unreadable_dir))
         return records + self.quarantine.total_bytes()
+
+    def disk_counts(self) -> tuple[int, dict[str, NamespaceCount] | None]:
+        """disk_bytes, and the namespace counts the ledger keeps (records, bytes, logical
+        bytes from each header, newest and oldest modification): a walk of every record that
+        reads each one's header. The counts are None when a directory could not be read or
+        records lie in a directory that is no namespace's."""
+        counts: dict[str, NamespaceCount] = {}
+        oldest: dict[str, int] = {}
+        complete = True
+
+        def unreadable(path, error):
+            nonlocal complete
+            complete = False
+            self.unreadable_dir(path, error)
+
+        total = 0
+        for dirname in self.layout.namespace_dirnames(unreadable):
+            for entry in self.layout.records([dirname], unreadable):
+                total += entry.accounted_bytes
+                if not _DIRNAME.match(dirname) or dirname == QUARANTINE_DIRNAME:
+                    complete = False
+                    continue
+                count = counts.get(dirname)
+                if count is None:
+                    count = counts[dirname] = NamespaceCount()
+                count.records += 1
+                count.disk_bytes += entry.accounted_bytes
+                count.logical_bytes += self._logical_of(dirname, entry.name)
+                count.newest_ns = max(count.newest_ns, entry.mtime_ns)
+                oldest[dirname] = min(oldest.get(dirname, entry.mtime_ns), entry.mtime_ns)
+        quarantined = self.layout.quarantined()
+        quarantine_bytes = sum(entry.accounted_bytes for entry in quarantined)
+        total += quarantine_bytes
+        if quarantined:
+            counts[QUARANTINE_DIRNAME] = NamespaceCount(len(quarantined), quarantine_bytes)
+        self.recounted_oldest_ns = oldest
+        return total, (counts if complete else None)
+
+    def _logical_of(self, dirname: str, filename: str) -> int:
+        """The page bytes a record's header declares (0 when it has no readable header)."""
+        try:
+            fd = os.open(
+                filename,
+                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
+                dir_fd=self.layout.namespace_fd(dirname),
+            )
+        except OSError:
+            return 0
+        try:
+            head = os.pread(fd, 32, 0)
+        except OSError:
+            return 0
+        finally:
+            os.close(fd)
+        if len(head) < 32 or head[:8] != fmt.MAGIC:
+            return 0
+        return int.from_bytes(head[24:32], "little")
 
     def open_scan(self) -> None:
         """What opening a store does: nothing proportional to its records. Takes back the
@@ -170,7 +241,7 @@ class Accounting:
             return self.ledger.read()
         with self._rebuild_lock:
             self.remove_stale_temps()
-            total = self.ledger.rebuild(self.disk_bytes)
+            total = self.ledger.rebuild(self.disk_counts)
             self._last_rebuild_s = time.monotonic()
         self.counters.add("ledger_rebuilds")
         return total
@@ -204,9 +275,10 @@ class Accounting:
 
     def _evictable_bytes(self) -> int:
         """The most eviction could free: the ledger's committed bytes, but never more than
-        the filesystem holds (a ledger rewritten to a huge number must fail a put, never
-        empty the store)."""
-        committed = self.ledger.committed()
+        its namespace counts hold (Ledger.evictable: committed bytes rewritten to a plausible
+        but false figure must fail a put, never over-evict) nor than the filesystem holds (a
+        ledger rewritten to a huge number must fail a put, never empty the store)."""
+        committed = self.ledger.evictable()
         try:
             stats = os.statvfs(self.layout.root)
             used = (stats.f_blocks - stats.f_bfree) * stats.f_frsize

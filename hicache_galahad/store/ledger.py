@@ -1,8 +1,24 @@
 """The byte ledger of a store root, shared by every process that has the root open.
 
     <root>/ledger       magic "GLEDGER2", committed bytes (u64), entry count (u32), 0 (u32),
-                        then per open process: token (16 ASCII bytes), reserved bytes (u64)
+                        then per open process: token (16 ASCII bytes), reserved bytes (u64);
+                        ("GLEDGER3" with a journal: its length in place of the 0, the journal
+                        after the entries); then, optionally, the namespace counts: "GNS1",
+                        count (u32), flags (u32, bit 0: the counts are complete), then per
+                        namespace directory: its name (16 bytes: the 32 hex digits), records,
+                        bytes on disk, logical page bytes, newest publication (ns) (u64 each)
     <root>/procs/<token>.lock   held (flock, exclusive) by that process while it lives
+
+The namespace counts (what `galahad stats` prints without walking a record) change in the same
+locked section, and under the same journal, as committed bytes: publish, apply (deletions,
+quarantine moves and trims), rebuild. Quarantined files count under the pseudo-namespace
+QUARANTINE_DIRNAME, so when the counts are complete their bytes sum to committed bytes exactly.
+Logical bytes are exact for what was published and recounted; a deletion takes away the
+namespace's mean logical/disk ratio of what it freed (no read of a victim's header), so they
+are an estimate between recounts. A ledger without counts (written before they existed) is
+read as ever, with the counts incomplete until the next rebuild fills them; a count that would
+go negative, or a change that cannot be attributed to a namespace, also marks them incomplete
+(never a wrong figure shown as exact).
 
 Committed bytes are the records and quarantined files on disk; each process's entry is what it
 has reserved for writes in flight. A put reserves first (failing if the total would pass the
@@ -54,7 +70,20 @@ QUARANTINE_DIR = "quarantine"
 LOCK_SUFFIX = ".lock"
 NEW_LOCK_SUFFIX = ".lock.new"  # a lock being made: locked first, then renamed into place
 ABANDONED_LOCK_AGE_S = 60.0
-_READ_BYTES = _HEAD.size + MAX_ENTRIES * _ENTRY.size + JOURNAL_MAX_BYTES + 1
+NS_MAGIC = b"GNS1"
+_NS_HEAD = struct.Struct("<4sII")
+_NS_ENTRY = struct.Struct("<16sQQQQ")
+NS_COMPLETE = 1
+MAX_NAMESPACES = 4096
+QUARANTINE_DIRNAME = "0" * 32  # the pseudo-namespace of quarantined files (Journal.QUARANTINE)
+_READ_BYTES = (
+    _HEAD.size
+    + MAX_ENTRIES * _ENTRY.size
+    + JOURNAL_MAX_BYTES
+    + _NS_HEAD.size
+    + MAX_NAMESPACES * _NS_ENTRY.size
+    + 1
+)
 
 
 def _new_token() -> str:
@@ -182,15 +211,99 @@ class ProcessLock:
             os.close(self._fd)
 
 
+class NamespaceCount:
+    """What the ledger keeps of one namespace directory."""
+
+    __slots__ = ("records", "disk_bytes", "logical_bytes", "newest_ns")
+
+    def __init__(self, records=0, disk_bytes=0, logical_bytes=0, newest_ns=0):
+        self.records = records
+        self.disk_bytes = disk_bytes
+        self.logical_bytes = logical_bytes
+        self.newest_ns = newest_ns
+
+    def as_tuple(self) -> tuple[int, int, int, int]:
+        return (self.records, self.disk_bytes, self.logical_bytes, self.newest_ns)
+
+    def __eq__(self, other) -> bool:
+        return isinstance(other, NamespaceCount) and self.as_tuple() == other.as_tuple()
+
+    def __repr__(self) -> str:
+        return f"NamespaceCount{self.as_tuple()}"
+
+
 class _State:
     def __init__(self, committed: int = 0, entries: dict[str, int] | None = None):
         self.committed = committed
         self.entries = entries if entries is not None else {}
         self.journal: Journal | None = None
+        self.counts_complete = False
+        self._counts_raw = b""  # the namespace table as read, decoded on first use
+        self._counts: dict[str, NamespaceCount] | None = None
 
     @property
     def total(self) -> int:
         return self.committed + sum(self.entries.values())
+
+    @property
+    def counts(self) -> dict[str, NamespaceCount]:
+        if self._counts is None:
+            counts = {}
+            for name, *values in _NS_ENTRY.iter_unpack(self._counts_raw):
+                counts[name.hex()] = NamespaceCount(*values)
+            self._counts = counts
+        return self._counts
+
+    def set_counts(self, counts: dict[str, NamespaceCount] | None) -> None:
+        """Replaces the namespace counts (None: unknown until the next recount)."""
+        self._counts, self._counts_raw = ({} if counts is None else dict(counts)), b""
+        self.counts_complete = counts is not None
+
+    def invalidate_counts(self) -> None:
+        self.set_counts(None)
+
+    def count_added(self, dirname, records, disk_bytes, logical_bytes, newest_ns=0) -> None:
+        if not self.counts_complete:
+            return
+        count = self.counts.get(dirname)
+        if count is None:
+            if len(self.counts) >= MAX_NAMESPACES:
+                self.invalidate_counts()
+                return
+            count = self.counts[dirname] = NamespaceCount()
+        count.records += records
+        count.disk_bytes += disk_bytes
+        count.logical_bytes += logical_bytes
+        count.newest_ns = max(count.newest_ns, newest_ns)
+
+    def count_removed(self, dirname, records, disk_bytes) -> int:
+        """Takes `records` files of `disk_bytes` out of a namespace's counts, with the
+        namespace's mean share of logical bytes; returns those logical bytes. A count that
+        would go negative: the counts are wrong, and become unknown."""
+        if not self.counts_complete or not records:
+            return 0
+        count = self.counts.get(dirname)
+        if count is None or count.records < records or count.disk_bytes < disk_bytes:
+            self.invalidate_counts()
+            return 0
+        logical = 0
+        if count.records == records:
+            logical = count.logical_bytes
+        elif count.disk_bytes:
+            logical = min(count.logical_bytes, count.logical_bytes * disk_bytes // count.disk_bytes)
+        count.records -= records
+        count.disk_bytes -= disk_bytes
+        count.logical_bytes -= logical
+        if not count.records:
+            del self.counts[dirname]
+        return logical
+
+    def counted_bytes(self) -> int | None:
+        """Bytes of every namespace and of the quarantine (None when the counts are not
+        complete): equal to committed bytes in a true ledger."""
+        if not self.counts_complete:
+            return None
+        return sum(count.disk_bytes for count in self.counts.values())
 
     @classmethod
     def parse(cls, raw: bytes):
@@ -202,8 +315,18 @@ class _State:
             return None
         if (magic == MAGIC) != (journal_len == 0) or journal_len > JOURNAL_MAX_BYTES:
             return None
-        if len(raw) != _HEAD.size + count * _ENTRY.size + journal_len:
-            return None
+        end = _HEAD.size + count * _ENTRY.size + journal_len
+        counts_raw, complete = b"", False
+        if len(raw) != end:  # the namespace counts follow (a ledger written since they exist)
+            if len(raw) < end + _NS_HEAD.size:
+                return None
+            ns_magic, ns_count, flags = _NS_HEAD.unpack_from(raw, end)
+            counts_start = end + _NS_HEAD.size
+            if ns_magic != NS_MAGIC or ns_count > MAX_NAMESPACES or flags & ~NS_COMPLETE:
+                return None
+            if len(raw) != counts_start + ns_count * _NS_ENTRY.size:
+                return None
+            counts_raw, complete = raw[counts_start:], bool(flags & NS_COMPLETE)
         entries = {}
         for index in range(count):
             token, reserved = _ENTRY.unpack_from(raw, _HEAD.size + index * _ENTRY.size)
@@ -212,11 +335,24 @@ class _State:
                 return None  # a flipped bit, a forged entry: damaged, recounted
             entries[name] = reserved
         state = cls(committed, entries)
+        state._counts_raw, state.counts_complete = (counts_raw if complete else b""), complete
         if journal_len:
-            state.journal = Journal.parse(raw[_HEAD.size + count * _ENTRY.size :])
+            state.journal = Journal.parse(raw[_HEAD.size + count * _ENTRY.size : end])
             if state.journal is None:
                 return None
         return state
+
+    def _pack_counts(self) -> bytes:
+        if not self.counts_complete:
+            return _NS_HEAD.pack(NS_MAGIC, 0, 0)
+        if self._counts is None:
+            raw = self._counts_raw
+        else:
+            raw = b"".join(
+                _NS_ENTRY.pack(bytes.fromhex(dirname), *count.as_tuple())
+                for dirname, count in self._counts.items()
+            )
+        return _NS_HEAD.pack(NS_MAGIC, len(raw) // _NS_ENTRY.size, NS_COMPLETE) + raw
 
     def pack(self) -> bytes:
         entries = list(self.entries.items())[:MAX_ENTRIES]
@@ -229,20 +365,22 @@ class _State:
                 for token, reserved in entries
             )
             + journal
+            + self._pack_counts()
         )
 
 
 class Journal:
     """What a process is changing on disk right now, inside one locked section: the kind
     (PUBLISH: records being linked into place; DELETE: a record being unlinked; TRIM: a
-    quarantined file being unlinked), the namespace directory, then (inode, accounted bytes,
+    quarantined file being unlinked; MOVE: a record being moved into quarantine, which
+    changes no committed bytes, only the namespace counts), the namespace directory, then (inode, accounted bytes,
     file name) of each file. Written before the first irreversible step and cleared with the
     update that counts it, both under the lock; one found by another process means its writer
     died between the two (the lock is free), and the disk says what happened: a record linked
     (same name, same inode) is counted, a file gone is released."""
 
-    PUBLISH, DELETE, TRIM = b"P", b"D", b"Q"
-    QUARANTINE = "0" * 32  # the directory field of a TRIM (the quarantine directory)
+    PUBLISH, DELETE, TRIM, MOVE = b"P", b"D", b"Q", b"M"
+    QUARANTINE = QUARANTINE_DIRNAME  # the directory field of a TRIM (the quarantine directory)
     _ITEM = struct.Struct("<QQB")
 
     def __init__(self, token: str, dirname: str, items: list, kind: bytes = PUBLISH):
@@ -255,7 +393,7 @@ class Journal:
             self.dirname.encode("ascii"),
             struct.pack("<H", len(self.items)),
         ]
-        for filename, inode, size in self.items:
+        for filename, inode, size, *_ in self.items:
             name = filename.encode("ascii")
             out.append(self._ITEM.pack(inode, size, len(name)) + name)
         return b"".join(out)
@@ -277,7 +415,7 @@ class Journal:
                 items.append((name, inode, size))
         except (UnicodeDecodeError, struct.error):
             return None
-        if kind not in (cls.PUBLISH, cls.DELETE, cls.TRIM):
+        if kind not in (cls.PUBLISH, cls.DELETE, cls.TRIM, cls.MOVE):
             return None
         if offset != len(raw) or not is_token(token) or not _DIRNAME.match(dirname):
             return None
@@ -309,8 +447,17 @@ class Ledger:
         # The inode at a record's name (None when there is none): how a dead writer's journal
         # is checked against the disk (the store sets it; by path otherwise).
         self.inode_of: Callable[[str, str], int | None] = self._inode_by_path
+        # The logical (page) bytes a published record's header declares (0 when unknown);
+        # the store sets it.
+        self.logical_of: Callable[[str, str], int] = lambda dirname, filename: 0
         self.recovered_bytes = 0
         self._fd = self._open()
+
+    def _logical_of(self, dirname: str, filename: str) -> int:
+        try:
+            return max(0, int(self.logical_of(dirname, filename)))
+        except (OSError, ValueError, TypeError):
+            return 0
 
     def _inode_by_path(self, dirname: str | None, filename: str) -> int | None:
         root = os.path.dirname(self._path)
@@ -333,14 +480,21 @@ class Ledger:
         if journal.token == getattr(self._process, "token", None):
             return  # ours, left by an update that failed: that update settled it
         dirname = None if journal.kind == Journal.TRIM else journal.dirname
-        for filename, inode, size in journal.items:
+        for filename, inode, size, *_ in journal.items:
             there = self.inode_of(dirname, filename) == inode
             if journal.kind == Journal.PUBLISH and there:
                 state.committed += size
                 self.recovered_bytes += size
-            elif journal.kind != Journal.PUBLISH and not there:
+                state.count_added(
+                    journal.dirname, 1, size, self._logical_of(journal.dirname, filename)
+                )
+            elif journal.kind == Journal.MOVE and not there:  # moved: counted in quarantine
+                state.count_removed(journal.dirname, 1, size)
+                state.count_added(QUARANTINE_DIRNAME, 1, size, 0)
+            elif journal.kind in (Journal.DELETE, Journal.TRIM) and not there:
                 state.committed = max(0, state.committed - size)
                 self.recovered_bytes += size
+                state.count_removed(journal.dirname, 1, size)
 
     def _open(self) -> int | None:
         """The ledger, opened as every file of the store is (open_regular): a FIFO, a device
@@ -383,13 +537,22 @@ class Ledger:
         self._fd = fd
         self.needs_rebuild = True
 
+    @staticmethod
+    def _set_from_disk(state: _State, counted) -> None:
+        if isinstance(counted, tuple):
+            state.committed, counts = counted
+            state.set_counts(counts)
+        else:
+            state.committed = counted
+            state.invalidate_counts()
+
     def _read_state(self) -> _State:
         raw = os.pread(self._fd, _READ_BYTES, 0)
         state = _State.parse(raw)
         if state is None:  # new, truncated or damaged: recount from disk
             state = _State()
             if self.recount is not None:
-                state.committed = self.recount()
+                self._set_from_disk(state, self.recount())
             else:
                 self.needs_rebuild = True
         return state
@@ -438,6 +601,35 @@ class Ledger:
         """Bytes of records and quarantined files, without reservations in flight."""
         return self._locked(lambda state: state.committed)
 
+    def namespace_counts(self) -> dict[str, NamespaceCount] | None:
+        """Records, bytes on disk, logical bytes and newest publication of each namespace
+        directory (QUARANTINE_DIRNAME: the quarantined files), as kept by every update: no
+        record is read. None when the counts are not complete (a ledger written before they
+        existed, or found wrong): the next rebuild fills them."""
+
+        def read(state: _State):
+            if not state.counts_complete:
+                return None
+            return {
+                dirname: NamespaceCount(*count.as_tuple())
+                for dirname, count in state.counts.items()
+            }
+
+        return self._locked(read)
+
+    def evictable(self) -> int:
+        """Committed bytes, but never more than the namespace counts hold when they are
+        complete: a ledger whose committed bytes were rewritten to a plausible but false
+        figure (below what the filesystem holds) cannot make eviction believe there is more
+        to free than the counts say, so it refuses a put rather than delete records the
+        ledger only claims (the rate-limited recount then sets it right)."""
+
+        def read(state: _State) -> int:
+            counted = state.counted_bytes()
+            return state.committed if counted is None else min(state.committed, counted)
+
+        return self._locked(read)
+
     def reservations(self) -> dict[str, int]:
         """Bytes reserved by each open process (by token)."""
         return self._locked(lambda state: dict(state.entries))
@@ -458,6 +650,8 @@ class Ledger:
         def update(state: _State) -> None:
             self._mine = max(0, self._mine - committed_bytes - released_bytes)
             state.committed += committed_bytes
+            if committed_bytes:  # published earlier, counted now: no namespace to add it to
+                state.invalidate_counts()
 
         self._locked(update)
 
@@ -488,6 +682,8 @@ class Ledger:
             state.journal = None
             self._mine = max(0, self._mine - kept)
             state.committed += kept
+            if kept:
+                self._count_published(state, dirname, items, kept)
             return kept
 
         try:
@@ -496,6 +692,21 @@ class Ledger:
             if kept:
                 raise LedgerWriteError(error, kept) from error
             raise
+
+    def _count_published(self, state: _State, dirname: str, items: list, kept: int) -> None:
+        """The namespace counts of a publication: every item when the bytes kept are all of
+        them (no system call), else those whose inode is at their name."""
+        if not state.counts_complete:
+            return
+        if kept != sum(item[2] for item in items):
+            items = [item for item in items if self.inode_of(dirname, item[0]) == item[1]]
+            if sum(item[2] for item in items) != kept:
+                state.invalidate_counts()  # bytes kept that no item explains
+                return
+        logical = sum(
+            item[3] if len(item) > 3 else self._logical_of(dirname, item[0]) for item in items
+        )
+        state.count_added(dirname, len(items), kept, logical, time.time_ns())
 
     def _mine_entry(self, state: _State) -> None:
         if self._mine:
@@ -512,8 +723,11 @@ class Ledger:
             return None
 
         def update(state: _State):
+            written = []
+
             def journal(kind: bytes, dirname: str, items: list) -> None:
                 state.journal = Journal(self._process.token, dirname, items, kind)
+                written.append(state.journal)
                 self._mine_entry(state)
                 os.pwrite(self._fd, state.pack(), 0)
                 state.rewrite = True
@@ -522,6 +736,16 @@ class Ledger:
             state.journal = None
             if freed:
                 state.committed = max(0, state.committed - freed)
+            if written and freed is not None:
+                done = written[-1]
+                size = sum(item[2] for item in done.items)
+                if done.kind == Journal.MOVE:
+                    state.count_removed(done.dirname, len(done.items), size)
+                    state.count_added(QUARANTINE_DIRNAME, len(done.items), size, 0)
+                else:  # unlinked (a DELETE or TRIM that returned what it freed)
+                    state.count_removed(done.dirname, len(done.items), size)
+            elif freed:  # a deletion no journal names (a quarantined file that is no record)
+                state.count_removed(QUARANTINE_DIRNAME, 1, freed)
             return freed
 
         return self._locked(update)
@@ -531,6 +755,7 @@ class Ledger:
 
         def update(state: _State) -> None:
             state.committed = max(0, state.committed - amount)
+            state.invalidate_counts()  # bytes of no namespace
 
         self._locked(update)
 
@@ -549,10 +774,11 @@ class Ledger:
 
         return self._locked(update)
 
-    def rebuild(self, committed_on_disk: Callable[[], int]) -> int:
+    def rebuild(self, committed_on_disk: Callable[[], int | tuple]) -> int:
         """Sets committed bytes to what is on disk and drops the entries of dead processes
         (their reservations come back). `committed_on_disk` scans the store while the ledger
-        is locked, so no other process commits meanwhile. Returns the new total."""
+        is locked, so no other process commits meanwhile; it returns the bytes, or (bytes,
+        namespace counts or None) to set the counts too. Returns the new total."""
         process = self._process
 
         def update(state: _State) -> int:
@@ -563,7 +789,7 @@ class Ledger:
             for token in process.tokens():  # dead processes that held no reservation
                 if token not in state.entries and not process.is_alive(token):
                     process.forget(token)
-            state.committed = committed_on_disk()
+            self._set_from_disk(state, committed_on_disk())
             self.needs_rebuild = False
             return state.total
 

@@ -64,6 +64,9 @@ class Quarantine:
             return False
 
         def action(journal):  # under the ledger's lock: a recount sees it in one place only
+            if is_record_name(filename):  # the namespace counts follow it (Journal.MOVE)
+                info = os.stat(filename, dir_fd=source_fd, follow_symlinks=False)
+                journal(Journal.MOVE, dirname, [(filename, info.st_ino, accounted_bytes(info))])
             os.rename(
                 filename,
                 f"{time.time_ns()}-{dirname}-{filename}",
