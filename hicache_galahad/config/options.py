@@ -112,6 +112,9 @@ class StoreOptions:
     """What a RecordStore takes. Validated on construction (ConfigError).
 
     max_bytes: cap on the bytes of all records under root (None: no cap).
+    max_pinned_bytes: the most bytes of pinned records (`galahad warm --pin`, store.pins),
+        which eviction never takes; pinning more is refused. None: half of max_bytes (no
+        limit without a cap). At most max_bytes.
     min_free_bytes: free space the filesystem must keep; puts evict or fail to honour it.
     compression: "none" or "zstd" (zstd_level 1..22); a page that does not shrink by at
         least 1/16 is stored uncompressed.
@@ -130,6 +133,7 @@ class StoreOptions:
 
     root: str
     max_bytes: int | None = None
+    max_pinned_bytes: int | None = None
     min_free_bytes: int = 0
     compression: str = "none"
     zstd_level: int = 3
@@ -145,6 +149,12 @@ class StoreOptions:
         set_ = object.__setattr__
         set_(self, "root", _path("root", self.root))
         set_(self, "max_bytes", _size("max_bytes", self.max_bytes, allow_none=True, low=1))
+        pinned = _size("max_pinned_bytes", self.max_pinned_bytes, allow_none=True, low=0)
+        if pinned is not None and self.max_bytes is not None and pinned > self.max_bytes:
+            _fail(
+                "max_pinned_bytes", self.max_pinned_bytes, f"at most max_bytes ({self.max_bytes})"
+            )
+        set_(self, "max_pinned_bytes", pinned)
         set_(
             self,
             "min_free_bytes",
@@ -166,6 +176,13 @@ class StoreOptions:
             self, "flush_interval_s", _number("flush_interval_s", self.flush_interval_s, 0.01, 3600)
         )
         _integer("io_threads", self.io_threads, 1, 256)
+
+    @property
+    def pin_limit_bytes(self) -> int | None:
+        """max_pinned_bytes, or its default: half of max_bytes (None: no limit)."""
+        if self.max_pinned_bytes is not None:
+            return self.max_pinned_bytes
+        return None if self.max_bytes is None else self.max_bytes // 2
 
     @property
     def durable(self) -> bool:
@@ -192,6 +209,7 @@ class GalahadOptions:
 _STORE_KEYS = (
     "root",
     "max_bytes",
+    "max_pinned_bytes",
     "min_free_bytes",
     "compression",
     "zstd_level",
@@ -200,7 +218,7 @@ _STORE_KEYS = (
     "flush_interval_s",
     "io_threads",
 )
-_NULLABLE_KEYS = frozenset({"max_bytes", "encryption_key_file"})
+_NULLABLE_KEYS = frozenset({"max_bytes", "max_pinned_bytes", "encryption_key_file"})
 EXTRA_CONFIG_KEYS = frozenset(_STORE_KEYS) | {"tenant", "model_fingerprint", "mooncake"}
 
 

@@ -322,6 +322,10 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-bytes", help="budget to apply (default: the servers' max_bytes)")
     gc.set_defaults(run=cmd_gc)
 
+    from . import pins_cli
+
+    pins_cli.register(commands)  # unpin (store/pins.py)
+
     inspect = commands.add_parser("inspect", help="one record's header in words")
     _root_options(inspect, key=True)
     inspect.add_argument("target", metavar="FILE|KEY", help="a record file, or a record's key")

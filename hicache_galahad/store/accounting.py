@@ -368,7 +368,8 @@ class Accounting:
                         with contextlib.suppress(OSError):
                             info = os.stat(entry.name, dir_fd=ns_fd, follow_symlinks=False)
                             size = accounted_bytes(info)
-                            if size or info.st_size == 0:
+                            # a second link: pinned (store/pins.py), never a candidate
+                            if (size or info.st_size == 0) and info.st_nlink == 1:
                                 found.append(
                                     ((dirname, entry.name), size, info.st_mtime_ns, info.st_ino)
                                 )
@@ -401,6 +402,8 @@ class Accounting:
                 and (info.st_ino != expected[0] or info.st_mtime_ns > expected[1])
             ):
                 return None  # replaced, or used since it was sampled: it stays
+            if expected is not None and info.st_nlink > 1:
+                return None  # pinned since it was sampled (store/pins.py): it stays
             size = accounted_bytes(info)
             journal(Journal.DELETE, dirname, [(filename, info.st_ino, size)])
             try:

@@ -4,7 +4,9 @@ Pure policy over three collaborators, so it can be tested with fakes: the shared
 (bytes claimed by every process), the `LruIndex` (this process's view of evictable records,
 oldest first) and an `Evictor` that deletes what the policy chooses. Eviction never starts
 unless deleting everything it can see could cover the shortfall: a ledger that over-counts
-(leaked reservations, a damaged ledger) must fail a put, never empty the store.
+(leaked reservations, a damaged ledger) must fail a put, never empty the store. Pinned records
+(store/pins.py) are not evictable: a put that could only fit by evicting a pin fails
+(counted in `no_space_pinned`), without evicting anything and without a recount.
 """
 
 from __future__ import annotations
@@ -14,6 +16,8 @@ from collections.abc import Callable
 from typing import Protocol
 
 from .eviction import LruIndex
+
+PINNED_RESAMPLES = 8  # samples more when pinned records fill one, before refusing a put
 
 
 class LedgerLike(Protocol):
@@ -51,6 +55,7 @@ class Budget:
         rebuild: Callable[[], bool] = lambda: False,
         reclaim: Callable[[], bool] = lambda: False,
         on_event: Callable[[str, int], None] = lambda name, amount: None,
+        pinned_bytes: Callable[[], int] = lambda: 0,
     ):
         self.ledger = ledger
         self.index = index
@@ -61,6 +66,7 @@ class Budget:
         self._rebuild = rebuild  # recounts the ledger from disk (rate-limited); True if it did
         self._reclaim = reclaim  # takes back reservations of dead processes; True if any
         self._on_event = on_event
+        self._pinned_bytes = pinned_bytes  # held by pins (already out of index.total_bytes)
         self._pending_bytes = 0
         self._unsettled_kept_bytes = 0  # settles the ledger refused, retried with the next
         self._unsettled_released_bytes = 0
@@ -151,15 +157,30 @@ class Budget:
             # bytes nothing on disk explains (leaked reservations, a damaged ledger): look
             # again, recount, and only then give up, without deleting anything.
             self.evictor.load_unindexed()
-            if shortfall() > self._evictable_bytes() and self._rebuild():
+            pinned = self._pinned_bytes()
+            if shortfall() > self._evictable_bytes() + pinned and self._rebuild():
                 return True
             missing = shortfall()
             if missing > self._evictable_bytes():
-                self._on_event("budget_unreconciled", 1)
+                if pinned and missing <= self._evictable_bytes() + pinned:
+                    self._on_event("no_space_pinned", 1)  # only evicting a pin would do
+                else:
+                    self._on_event("budget_unreconciled", 1)
                 return False
         if self.evictor.evict_quarantined():
             return True
         victim = self.index.pop_oldest()
+        if victim is None and self._pinned_bytes():
+            # Pinned records fill the sample: look on (a few more bounded samples; the
+            # sample's walk moves on), and refuse rather than recount: pins explain it.
+            for _ in range(PINNED_RESAMPLES):
+                self.evictor.load_unindexed()
+                victim = self.index.pop_oldest()
+                if victim is not None:
+                    break
+            else:
+                self._on_event("no_space_pinned", 1)
+                return False
         if victim is None:
             # No record found at all while the ledger still claims the bytes: records removed
             # behind the store's back (an operator's rm). Recount (rate-limited; cheap, since

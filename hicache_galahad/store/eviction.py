@@ -96,6 +96,10 @@ class SampledLru:
     uses since its start are also remembered (a bounded map), so a record it just read or
     wrote is never the first to go even within the reader's 2 s. Same interface as
     LruIndex, so that budget.Budget works with either.
+
+    Pinned records (store/pins.py: a second link of the file) are never candidates: the
+    sample leaves out files whose st_nlink is above 1, from the stat it makes anyway, and
+    `total_bytes` leaves out the pinned bytes (`pinned_bytes`, set by the store).
     """
 
     def __init__(self, sample: Callable[[int], list], evictable_bytes: Callable[[], int]):
@@ -104,6 +108,7 @@ class SampledLru:
         self._pool: dict = {}  # location -> (size, mtime_ns, inode)
         self._recent: OrderedDict = OrderedDict()  # location -> time_ns of this process's use
         self._lock = threading.Lock()
+        self.pinned_bytes: Callable[[], int] = lambda: 0  # kept by pins, never evicted
 
     def __len__(self) -> int:
         return len(self._pool)
@@ -113,8 +118,9 @@ class SampledLru:
 
     @property
     def total_bytes(self) -> int:
-        """What eviction could free at most: the bytes on disk (evictable_bytes)."""
-        return self._evictable_bytes()
+        """What eviction could free at most: the bytes on disk (evictable_bytes) less the
+        pinned ones."""
+        return max(0, self._evictable_bytes() - self.pinned_bytes())
 
     def _used(self, location, when_ns: int) -> None:
         self._recent[location] = when_ns

@@ -40,6 +40,9 @@ class Quarantine:
         self._known_empty_s: float | None = None
         # Whose held namespace descriptors moves start from (the store sets its own layout).
         self.layout = layout or StoreLayout(os.path.dirname(quarantine_dir))
+        # Told (dirname, filename) of each record moved, outside the ledger's lock: the
+        # store drops its pin (store/pins.py), so a quarantined record's bytes do not stay held.
+        self.on_moved = lambda dirname, filename: None
 
     def _dir_fd(self) -> int:
         return os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -84,6 +87,7 @@ class Quarantine:
         self._known_empty_s = None
         self._index.discard((dirname, filename))
         self._counters.add("quarantined")
+        self.on_moved(dirname, filename)
         return True
 
     def move_and_trim(

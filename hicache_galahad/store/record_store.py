@@ -43,6 +43,7 @@ from .flusher import Flusher
 from .layout import StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
+from .pins import PinResult, Pins
 from .reader import RecordReader, open_record, reader_may_be_wrong
 from .writer import RecordWriter
 
@@ -86,6 +87,17 @@ class RecordStore:
         self.index = self.accounting.index
         self.quarantine_box = self.accounting.quarantine
         self.quarantine_box.layout = self.layout  # moves start from the held descriptors
+        self.pins = Pins(  # store/pins.py: records eviction keeps
+            self.layout,
+            self.accounting.ledger,
+            token=self.accounting.token,
+            max_pinned_bytes=options.pin_limit_bytes,
+            durable=options.durable,
+            read_only=self.read_only,
+            counters=self.counters,
+        )
+        self.index.pinned_bytes = self.pins.total_bytes
+        self.quarantine_box.on_moved = self._drop_pin
         self.budget = Budget(
             self.accounting.ledger,
             self.index,
@@ -96,6 +108,7 @@ class RecordStore:
             rebuild=self.accounting.rebuild_if_due,
             reclaim=self.accounting.reclaim_dead,
             on_event=self.counters.add,
+            pinned_bytes=self.pins.total_bytes,
         )
         self.reader = RecordReader(self.layout, self.codec, read_only=self.read_only)
         deferred = options.durability == "deferred" and not self.read_only
@@ -345,13 +358,17 @@ class RecordStore:
         self.quarantine_box.move_and_trim(path, namespace.dirname, inode)
 
     def delete(self, namespace: Namespace, key: str) -> bool:
-        return self.accounting.unlink_record(namespace.dirname, record_filename(key)) is not None
+        filename = record_filename(key)
+        deleted = self.accounting.unlink_record(namespace.dirname, filename) is not None
+        self._drop_pin(namespace.dirname, filename)
+        return deleted
 
     def clear_namespace(self, namespace: Namespace) -> int:
         """Deletes every record of one namespace (never a temp file); returns how many."""
         removed = 0
         for entry in self.layout.records([namespace.dirname], self.accounting.unreadable_dir):
             removed += self.accounting.unlink_record(namespace.dirname, entry.name) is not None
+        self._drop_pin(namespace.dirname, None)  # the namespace's pins went with its records
         return removed
 
     # ----------------------------------------------------------------- accounting
@@ -430,13 +447,47 @@ class RecordStore:
 
     def delete_file(self, dirname: str, filename: str) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
-        index stay right); the bytes freed, or None if it was not there."""
-        return self.accounting.unlink_record(dirname, filename)
+        index stay right); the bytes freed, or None if it was not there (its pin, if any,
+        is dropped: purge removes pins with the records)."""
+        freed = self.accounting.unlink_record(dirname, filename)
+        self._drop_pin(dirname, filename)
+        return freed
 
     def evict_to(self, max_bytes: int) -> tuple[int, int]:
         """Evicts least recently used records (quarantined files first) until the ledger is
         at most `max_bytes`; returns (files evicted, bytes freed)."""
         return self.accounting.evict_to(max_bytes)
+
+    # ----------------------------------------------------------------- pins (store/pins.py)
+
+    def pin(self, namespace: Namespace, keys: list[str], document: str) -> PinResult:
+        """Pins the records of `keys` for `document` (any label): eviction keeps them until
+        they are unpinned, across processes, restarts and SIGKILL. Pinning more than
+        max_pinned_bytes is refused (refused_keys), never evicting. Raises OSError when the
+        store is read-only or pins/ cannot be written (a linked directory there included)."""
+        return self.pins.pin(namespace, list(keys), document)
+
+    def unpin(
+        self, *, document: str | None = None, tenant: str | None = None, everything: bool = False
+    ) -> int:
+        """Unpins a document's records (its label), a tenant's, or all; the bytes no longer
+        pinned (a record another document pins stays pinned)."""
+        return self.pins.unpin(document=document, tenant=tenant, everything=everything)
+
+    def pinned_bytes_by_tenant(self) -> dict[str, int]:
+        """Pinned bytes per tenant (a small file under pins/: O(tenants))."""
+        return self.pins.by_tenant()
+
+    def _drop_pin(self, dirname: str, filename: str | None) -> None:
+        """A record left its namespace (deleted, purged, quarantined): its pin goes too,
+        so no bytes stay held and counted for it (filename None: every record of dirname)."""
+        try:
+            self.pins.drop_stale(dirname, None if filename is None else [filename])
+        except OSError as error:  # the pin stays until unpinned (or dropped next time)
+            self.counters.add("io_errors")
+            self._warn.warning("pin-drop", "galahad: a pin of %s stays: %s", dirname, error)
+        except Exception as error:  # never raised into a caller
+            self._bug("pin-drop-bug", "pin drop", error)
 
     # ----------------------------------------------------------------- plumbing
 
