@@ -84,11 +84,20 @@ def test_stats_on_a_healthy_store(tmp_path):
     assert by_tenant["alice"]["mamba"]["records"] == 2
     kv = by_tenant["alice"]["kv"]
     assert kv["logical_bytes"] == 6 * mha_pool().get_dummy_flat_data_page().numel() * 2
-    assert kv["disk_bytes"] > kv["logical_bytes"] and kv["oldest_record_s"] <= kv["newest_record_s"]
+    assert kv["disk_bytes"] > kv["logical_bytes"] and kv["newest_record_s"] <= time.time()
+    assert report["counts"] == "ledger" and kv["oldest_record_s"] is None  # not kept
     assert report["records"] == 6 + 2 + 3 + 2
     assert report["lifetime_counters"]["puts"] == 13
     text = run_galahad("stats", "--root", root)
     assert text.returncode == 0 and "alice" in text.stdout and "budget:" in text.stdout
+    # --exact reads every record: the same counts, and the oldest record of each namespace.
+    exact = as_json(run_galahad("stats", "--root", root, "--json", "--exact"))
+    assert exact["counts"] == "walk"
+    figures = ("records", "disk_bytes", "logical_bytes", "rank")
+    assert [{k: ns[k] for k in figures} for ns in exact["namespaces"]] == [
+        {k: ns[k] for k in figures} for ns in report["namespaces"]
+    ]
+    assert all(ns["oldest_record_s"] <= ns["newest_record_s"] for ns in exact["namespaces"])
 
 
 def test_read_only_commands_leave_every_byte_and_mtime_unchanged(tmp_path):

@@ -88,10 +88,27 @@ def _emit(args, data: dict, text: str) -> None:
 
 
 def cmd_stats(args) -> int:
-    with _open(args) as store:
-        report = ops.stats_report(store)
+    if args.recount:  # the ledger recounted from disk (writers wait for the walk), then read
+        with _open(args, writable=True) as store:
+            store.rebuild_ledger()
+            report = ops.stats_report(store)
+    else:
+        with _open(args) as store:
+            report = ops.stats_report(store, exact=args.exact)
+    walked = report["counts"] == "walk"
     rows = [
-        ["tenant", "model", "pool", "records", "on disk", "logical", "ratio", "oldest", "newest"]
+        [
+            "tenant",
+            "model",
+            "pool",
+            "rank",
+            "records",
+            "on disk",
+            "logical",
+            "ratio",
+            *(["oldest"] if walked else []),
+            "newest",
+        ]
     ]
     for ns in report["namespaces"]:
         ratio = ns["compression_ratio"]
@@ -100,20 +117,30 @@ def cmd_stats(args) -> int:
                 str(ns["tenant"] or "?"),
                 str(ns["model_fingerprint"] or "?")[:24],
                 str(ns["pool"] or "?"),
+                str(ns["rank"] or "-"),
                 str(ns["records"]),
                 _size(ns["disk_bytes"]),
                 _size(ns["logical_bytes"]),
                 f"{ratio:.2f}" if ratio else "-",
-                _when(ns["oldest_record_s"]),
+                *([_when(ns["oldest_record_s"])] if walked else []),
                 _when(ns["newest_record_s"]),
             ]
         )
     budget = report["budget"]
     counters = report["lifetime_counters"]
+    if walked:
+        source = "counted by reading every record"
+        if not args.exact:
+            source += (
+                " (this ledger keeps no namespace counts yet: `galahad stats --recount` or "
+                "`galahad verify --fix` fills them once)"
+            )
+    else:
+        source = "counts kept by the ledger (--exact: read every record)"
     lines = [
         f"store {report['root']}: {report['records']} records, {_size(report['disk_bytes'])} on "
         f"disk ({_size(report['logical_bytes'])} of pages), {report['quarantined_files']} "
-        "quarantined files",
+        f"quarantined files; {source}",
         "",
         _table(rows),
         "",
@@ -296,6 +323,17 @@ def build_parser() -> argparse.ArgumentParser:
 
     stats = commands.add_parser("stats", help="what the store holds, its budget and counters")
     _root_options(stats)
+    recount = stats.add_mutually_exclusive_group()
+    recount.add_argument(
+        "--exact",
+        action="store_true",
+        help="read every record (oldest record, unreadable headers, files that are no record)",
+    )
+    recount.add_argument(
+        "--recount",
+        action="store_true",
+        help="recount the ledger from disk first (writes it; writers wait for the walk)",
+    )
     stats.set_defaults(run=cmd_stats)
 
     verify = commands.add_parser("verify", help="read every record and check every rule")

@@ -37,6 +37,7 @@ class NamespaceStats:
     tenant: str | None
     model_fingerprint: str | None
     pool: str | None
+    rank: str | None = None
     records: int = 0
     disk_bytes: int = 0
     logical_bytes: int = 0
@@ -67,6 +68,7 @@ class NamespaceStats:
             "tenant": self.tenant,
             "model_fingerprint": self.model_fingerprint,
             "pool": self.pool,
+            "rank": self.rank,
             "records": self.records,
             "disk_bytes": self.disk_bytes,
             "logical_bytes": self.logical_bytes,
@@ -104,19 +106,42 @@ def _raw_len(store: RecordStore, entry: FileEntry) -> int | None:
         return None
 
 
+def rank_of(namespace) -> str | None:
+    """The parallel rank a namespace's description holds ("tp 3/8", "tp 0/2 pp 1/2"), "all"
+    when its records are shared by every rank (MLA KV: tp_rank null), None when it names none."""
+    parallel = namespace.geometry.get("parallel") if namespace is not None else None
+    if not isinstance(parallel, dict):
+        return None
+    parts = []
+    for axis in ("tp", "pp"):
+        size = parallel.get(f"{axis}_size")
+        if f"{axis}_rank" in parallel and isinstance(size, int) and size > 1:
+            rank = parallel[f"{axis}_rank"]
+            parts.append(f"{axis} {'all' if rank is None else rank}/{size}")
+    if parts:
+        return " ".join(parts)
+    return "0" if "tp_rank" in parallel else None
+
+
+def _namespace_stats(dirname: str, namespace) -> NamespaceStats:
+    return NamespaceStats(
+        dirname,
+        namespace.tenant if namespace else None,
+        namespace.model_fingerprint if namespace else None,
+        namespace.pool if namespace else None,
+        rank_of(namespace),
+    )
+
+
 def namespace_stats(
     store: RecordStore, unreadable=None, not_records: list | None = None
 ) -> list[NamespaceStats]:
     """Per namespace: its record files (regular files only; anything else under a record's
-    name is appended to `not_records` as (path, kind))."""
+    name is appended to `not_records` as (path, kind)). A walk of every record, reading each
+    one's header: `galahad stats --exact` only."""
     found = []
     for dirname, namespace in store.namespaces_on_disk(unreadable):
-        stats = NamespaceStats(
-            dirname,
-            namespace.tenant if namespace else None,
-            namespace.model_fingerprint if namespace else None,
-            namespace.pool if namespace else None,
-        )
+        stats = _namespace_stats(dirname, namespace)
         for entry in store.record_files([dirname], unreadable):
             kind = not_a_record(entry)
             if kind is not None:
@@ -128,17 +153,49 @@ def namespace_stats(
     return found
 
 
-def stats_report(store: RecordStore) -> dict:
+def ledger_namespace_stats(store: RecordStore, unreadable=None) -> list[NamespaceStats] | None:
+    """Per namespace, what the ledger keeps (store/ledger.py): no record directory is read,
+    only the list of namespace directories and their descriptions. None when the ledger's
+    counts are not complete (a ledger written before they existed, or found wrong)."""
+    counts = store.accounting.ledger.namespace_counts()
+    if counts is None:
+        return None
+    found = []
+    for dirname, namespace in store.namespaces_on_disk(unreadable):
+        stats = _namespace_stats(dirname, namespace)
+        count = counts.get(dirname)
+        if count is not None:
+            stats.records = count.records
+            stats.disk_bytes = count.disk_bytes
+            stats.logical_bytes = count.logical_bytes
+            stats.newest_s = count.newest_ns / 1e9 if count.newest_ns else None
+        found.append(stats)
+    return found
+
+
+def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
+    """What `galahad stats` shows. From the ledger's namespace counts (no record read, the
+    same time at any size) unless `exact` or the counts are not complete: then a walk of
+    every record (`counts`: "walk"), which also finds the oldest record of each namespace,
+    unparsable headers and files that are no record."""
     unreadable_dirs, not_records = [], []
-    namespaces = namespace_stats(
-        store, lambda path, error: unreadable_dirs.append(path), not_records
-    )
+
+    def unreadable(path, error):
+        unreadable_dirs.append(path)
+
+    namespaces = None if exact else ledger_namespace_stats(store, unreadable)
+    source = "ledger"
+    if namespaces is None:
+        unreadable_dirs.clear()
+        namespaces = namespace_stats(store, unreadable, not_records)
+        source = "walk"
     filesystem = os.statvfs(store.root)
     settings = store.live_settings()
     caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
     floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
     return {
         "root": store.root,
+        "counts": source,
         "namespaces": [ns.as_dict() for ns in namespaces],
         "unattributable_namespaces": [ns.dirname for ns in namespaces if ns.tenant is None],
         "unreadable_dirs": unreadable_dirs,

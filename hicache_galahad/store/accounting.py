@@ -139,6 +139,8 @@ class Accounting:
         for dirname in self.layout.namespace_dirnames(unreadable):
             for entry in self.layout.records([dirname], unreadable):
                 total += entry.accounted_bytes
+                if not entry.accounted_bytes:
+                    continue  # no regular file, or an empty one: no record to count
                 if not _DIRNAME.match(dirname) or dirname == QUARANTINE_DIRNAME:
                     complete = False
                     continue
