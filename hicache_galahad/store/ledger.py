@@ -618,15 +618,16 @@ class Ledger:
         return self._locked(read)
 
     def evictable(self) -> int:
-        """Committed bytes, but never more than the namespace counts hold when they are
-        complete: a ledger whose committed bytes were rewritten to a plausible but false
-        figure (below what the filesystem holds) cannot make eviction believe there is more
-        to free than the counts say, so it refuses a put rather than delete records the
-        ledger only claims (the rate-limited recount then sets it right)."""
+        """The bytes eviction may count on: committed bytes, or 0 when the namespace counts
+        are complete and disagree with them. Both change in the same locked sections, so
+        they differ only in a ledger someone rewrote (or a bug): committed bytes set to a
+        plausible but false figure (below what the filesystem holds) would make every put
+        evict real records to pay for bytes that exist only in the ledger. Then eviction
+        does not start, the put is refused, and the rate-limited recount sets it right."""
 
         def read(state: _State) -> int:
             counted = state.counted_bytes()
-            return state.committed if counted is None else min(state.committed, counted)
+            return state.committed if counted in (None, state.committed) else 0
 
         return self._locked(read)
 

@@ -1,0 +1,280 @@
+"""The ledger's per-namespace counts (issue 19: `galahad stats` <= 1 s at any size).
+
+Each count changes in the same locked section as committed bytes, so it stays equal to the
+disk through puts, deletions, eviction, quarantine moves and trims, a writer that dies
+mid-publication, and a recount; `galahad stats` reads them and no record directory (counted
+here by wrapping os.scandir and os.listdir: a measurement of what the command does, not a
+stand-in for any part of it). An old ledger without counts is still read; a ledger whose
+committed bytes were rewritten to a plausible but false figure cannot make a put over-evict.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import struct
+from pathlib import Path
+
+import pytest
+
+from hicache_galahad.ops import cli
+from hicache_galahad.ops import reports as ops
+from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store import RecordStore, accounting
+from hicache_galahad.store.ledger import (
+    _HEAD,
+    _NS_ENTRY,
+    _NS_HEAD,
+    MAGIC,
+    QUARANTINE_DIRNAME,
+    Journal,
+    _State,
+)
+
+ALICE = Namespace("alice", "model", "kv", {"parallel": {"tp_rank": 3, "tp_size": 8}})
+BOB = Namespace("bob", "model", "kv", {"parallel": {"tp_rank": None, "tp_size": 2}})
+PAGE = 1000
+
+
+def key(index: int) -> str:
+    return f"{index:064x}"
+
+
+def disk_counts(root) -> dict:
+    """(records, bytes) of each namespace directory and of the quarantine, counted here."""
+    found = {}
+    for directory in Path(root, "ns").iterdir():
+        files = [p.lstat() for p in directory.glob("*.rec") if p.is_file()]
+        if files:
+            found[directory.name] = (len(files), sum(_accounted(i) for i in files))
+    quarantined = [p.lstat() for p in Path(root, "quarantine").iterdir()]
+    if quarantined:
+        found[QUARANTINE_DIRNAME] = (len(quarantined), sum(_accounted(i) for i in quarantined))
+    return found
+
+
+def _accounted(info) -> int:
+    return min(info.st_size, info.st_blocks * 512)
+
+
+def kept_counts(store) -> dict:
+    counts = store.accounting.ledger.namespace_counts()
+    assert counts is not None, "the ledger's counts are not complete"
+    return {name: (c.records, c.disk_bytes) for name, c in counts.items()}
+
+
+def fill(store, namespace, count, start=0, size=PAGE):
+    for first in range(start, start + count, 8):
+        keys = [key(i) for i in range(first, min(first + 8, start + count))]
+        datas = [random.Random(key).randbytes(size) for key in keys]  # incompressible
+        assert all(store.put_many(namespace, keys, datas))
+
+
+# ----------------------------------------------------------------------------- kept true
+
+
+def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path):
+    root = str(tmp_path / "store")
+    record = PAGE + 112 + 64
+    with RecordStore(root, durability="none", max_bytes=30 * record) as store:
+        for namespace in (ALICE, BOB):
+            store.register_namespace(namespace)
+        fill(store, ALICE, 20)
+        fill(store, BOB, 5)
+        counts = store.accounting.ledger.namespace_counts()
+        assert counts[ALICE.dirname].records == 20 and counts[BOB.dirname].records == 5
+        assert counts[ALICE.dirname].logical_bytes == 20 * PAGE  # exact: from each header
+        assert kept_counts(store) == disk_counts(root)
+        fill(store, ALICE, 10, start=100)  # into a full budget: every put evicts
+        assert store.stats().counter("evictions") >= 5
+        assert store.delete(ALICE, key(100))
+        store.quarantine(BOB, key(1))  # a move: the counts follow it into the quarantine
+        assert kept_counts(store) == disk_counts(root)
+        assert kept_counts(store)[QUARANTINE_DIRNAME] == (1, record)
+        store.quarantine_box.trim(keep_files=0)
+        assert kept_counts(store) == disk_counts(root)
+        assert QUARANTINE_DIRNAME not in kept_counts(store)
+        assert sum(b for _, b in kept_counts(store).values()) == store.accounting.ledger.committed()
+        logical = store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes
+        records = kept_counts(store)[ALICE.dirname][0]
+        assert logical == records * PAGE  # the mean share taken by each deletion: exact here
+
+
+def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tmp_path):
+    """The journal recovers the counts as it recovers committed bytes: a dead writer's
+    publication (a journal left in the ledger, records linked) is counted by whoever takes
+    the lock next. Produced for real: the ledger written as the writer left it."""
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 4)
+        path = Path(root, "ledger")
+        ns_dir = Path(root, "ns", ALICE.dirname)
+        names = sorted(p.name for p in ns_dir.glob("*.rec"))[:2]
+        items = [(n, (ns_dir / n).stat().st_ino, _accounted((ns_dir / n).stat())) for n in names]
+        # As if a writer "deadbeef..." had journaled these two and died before counting
+        # them: take them out of the ledger's figures, and leave its journal.
+        state = _State.parse(path.read_bytes())
+        for _name, _, size in items:
+            state.committed -= size
+            state.count_removed(ALICE.dirname, 1, size)
+        state.journal = Journal("0badc0de" + "12345678", ALICE.dirname, items, Journal.PUBLISH)
+        path.write_bytes(state.pack())
+        assert kept_counts(store) == disk_counts(root)  # recovered under the lock
+        assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 4 * PAGE
+
+
+# ----------------------------------------------------------------------------- file format
+
+
+def _old_ledger(root, committed: int) -> None:
+    """A ledger as written before the counts existed (GLEDGER2: head and entries only)."""
+    Path(root, "ledger").write_bytes(_HEAD.pack(MAGIC, committed, 0, 0))
+
+
+def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path, capsys):
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 6)
+        committed = store.accounting.ledger.committed()
+    _old_ledger(root, committed)
+    with RecordStore(root, durability="none") as store:
+        assert store.usage_bytes() == committed  # read as ever: no recount at open
+        assert store.accounting.ledger.namespace_counts() is None
+        fill(store, ALICE, 2, start=50)  # updates keep the counts unknown, never wrong
+        assert store.accounting.ledger.namespace_counts() is None
+        assert Path(root, "ledger").read_bytes()[-_NS_HEAD.size :] == _NS_HEAD.pack(b"GNS1", 0, 0)
+        report = ops.stats_report(store)
+        assert report["counts"] == "walk" and report["records"] == 8  # falls back, says so
+    assert cli.main(["stats", "--root", root]) == 0
+    assert "--recount" in capsys.readouterr().out
+    assert cli.main(["stats", "--root", root, "--recount", "--json"]) == 0
+    capsys.readouterr()
+    with RecordStore(root, read_only=True) as store:
+        assert kept_counts(store) == disk_counts(root) and ops.stats_report(store)["counts"] == (
+            "ledger"
+        )
+
+
+@pytest.mark.parametrize(
+    "tail",
+    [
+        _NS_HEAD.pack(b"GNS1", 2, 1) + b"\0" * _NS_ENTRY.size,  # a table shorter than its count
+        _NS_HEAD.pack(b"GNSX", 0, 1),  # not the table's magic
+        _NS_HEAD.pack(b"GNS1", 0, 2),  # a flag no version defines
+        b"\0" * 5,  # bytes that are no table
+    ],
+)
+def test_a_damaged_count_table_is_a_damaged_ledger_recounted(tmp_path, tail):
+    assert _State.parse(_HEAD.pack(MAGIC, 5, 0, 0) + tail) is None
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 3)
+        Path(root, "ledger").write_bytes(_HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
+        assert store.usage_bytes() == store.checker.disk_bytes()  # recounted from disk
+        assert kept_counts(store) == disk_counts(root)
+
+
+def test_a_table_entry_is_the_directory_name_and_four_counts():
+    state = _State.parse(
+        _HEAD.pack(MAGIC, 300, 0, 0)
+        + _NS_HEAD.pack(b"GNS1", 1, 1)
+        + _NS_ENTRY.pack(bytes.fromhex("ab" * 16), 2, 300, 250, 7)
+    )
+    assert state.counted_bytes() == 300
+    assert state.counts["ab" * 16].as_tuple() == (2, 300, 250, 7)
+    assert state.pack() == (
+        _HEAD.pack(MAGIC, 300, 0, 0)
+        + _NS_HEAD.pack(b"GNS1", 1, 1)
+        + struct.pack("<16sQQQQ", bytes.fromhex("ab" * 16), 2, 300, 250, 7)
+    )
+
+
+# ----------------------------------------------------------------------------- forged ledger
+
+
+def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkeypatch):
+    """Committed bytes rewritten to a false figure well below what the filesystem holds (so
+    the filesystem bound does not catch it): before the fix, a put into a budget of 40
+    records holding 20 evicted real records to pay for the 30 the ledger only claimed."""
+    root = str(tmp_path / "store")
+    record = PAGE + 112 + 64
+    with RecordStore(root, max_bytes=40 * record, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 20)
+        path = Path(root, "ledger")
+        data = bytearray(path.read_bytes())
+        _, committed, *rest = _HEAD.unpack_from(data, 0)
+        _HEAD.pack_into(data, 0, MAGIC, committed + 30 * record, *rest)
+        path.write_bytes(bytes(data))
+        monkeypatch.setattr(store.accounting, "_last_rebuild_s", 1e18)  # no recount due yet
+        assert not store.put(ALICE, key(999), b"x" * PAGE)  # refused ...
+        assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 20  # ... nothing lost
+        assert store.stats().counter("budget_unreconciled") >= 1
+        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(store.accounting, "_last_rebuild_s", -1e18)
+        assert store.put(ALICE, key(999), b"x" * PAGE)  # recounted: the truth, and room
+        assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 21
+        assert store.usage_bytes() == store.checker.disk_bytes()
+
+
+# ----------------------------------------------------------------------------- no walk
+
+
+class _CountingListing:
+    def __init__(self, listing, counter):
+        self._listing, self._counter = listing, counter
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        entry = next(self._listing)
+        self._counter[0] += 1
+        return entry
+
+    def close(self):
+        self._listing.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, capsys):
+    root = str(tmp_path / "store")
+    records = 20_000
+    with RecordStore(root, durability="none") as store:
+        for namespace in (ALICE, BOB):
+            store.register_namespace(namespace)
+        for first in range(0, records, 1000):
+            keys = [key(i) for i in range(first, first + 1000)]
+            namespace = ALICE if first < records // 2 else BOB
+            assert all(store.put_many(namespace, keys, [b"r" * 64] * len(keys)))
+    counter = [0]
+    real_scandir, real_listdir = os.scandir, os.listdir
+    monkeypatch.setattr(
+        os, "scandir", lambda *a, **k: _CountingListing(real_scandir(*a, **k), counter)
+    )
+    monkeypatch.setattr(
+        os,
+        "listdir",
+        lambda *a, **k: counter.__setitem__(0, counter[0] + len(n := real_listdir(*a, **k))) or n,
+    )
+    assert cli.main(["stats", "--root", root, "--json"]) == 0
+    import json
+
+    report = json.loads(capsys.readouterr().out)
+    assert report["counts"] == "ledger" and report["records"] == records
+    assert {ns["rank"] for ns in report["namespaces"]} == {"tp 3/8", "tp all/2"}
+    assert counter[0] < 50, counter  # the namespaces, stats/ and procs/: never a record's
+    counter[0] = 0
+    with RecordStore(root, read_only=True) as store:
+        exact = ops.stats_report(store, exact=True)
+    assert counter[0] >= records  # (the counter does see a walk)
+    assert exact["records"] == records and exact["disk_bytes"] == report["disk_bytes"]
+    assert exact["logical_bytes"] == report["logical_bytes"] == records * 64
