@@ -68,7 +68,7 @@ def _budget_writer(args) -> None:
             highest_disk = max(highest_disk, store_disk_bytes(args.root))
         print(json.dumps({"round": round_index, "ok": sum(results)}), flush=True)
     summary = {"highest_ledger": highest_ledger, "highest_disk": highest_disk}
-    print(json.dumps(store.stats() | summary), flush=True)
+    print(json.dumps(store.stats().as_dict() | summary), flush=True)
     store.close()
 
 
@@ -91,7 +91,9 @@ def _mixed_writer(args) -> None:
         else:
             oks = [store.put(NS_A, key, content(key, size)) for key, size in batch]
         results.update(zip((key for key, _ in batch), oks, strict=True))
-    print(json.dumps({"failed": [k for k, ok in results.items() if not ok]} | store.stats()))
+    print(
+        json.dumps({"failed": [k for k, ok in results.items() if not ok]} | store.stats().as_dict())
+    )
     store.close()
 
 
@@ -108,7 +110,7 @@ def _reader(args) -> None:
         out = bytearray(len(expected))
         if store.get_into(NS_A, key, out):
             (hits if bytes(out) == expected else wrong).append(key)
-    print(json.dumps(store.stats() | {"hit_keys": hits, "wrong_keys": wrong}))
+    print(json.dumps(store.stats().as_dict() | {"hit_keys": hits, "wrong_keys": wrong}))
     store.close()
 
 
@@ -140,8 +142,8 @@ def _open_measure(args) -> None:
                 "open_s": open_s,
                 "rss_delta_bytes": rss_after - rss_before,
                 "rss_after_bytes": rss_after,
-                "indexed_records": stats["indexed_records"],
-                "ledger_bytes": stats["ledger_bytes"],
+                "indexed_records": stats.indexed_records,
+                "ledger_bytes": stats.ledger_bytes,
                 "probe_ok": probe_ok,
             }
         )

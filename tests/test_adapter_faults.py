@@ -72,7 +72,7 @@ def test_a_damaged_record_is_a_miss_on_every_path(galahad, offset):
     assert_pages_equal(states, [0], [8])
 
     # each damaged record was quarantined by the read that met it: gone for every later call
-    assert backend.store.stats()["quarantined"] == 5
+    assert backend.store.stats().counter("quarantined") == 5
     assert not any(path.exists() for path in damaged)
     assert backend.batch_exists(keys) == 1 and not backend.exists(keys[1])
     assert backend.batch_get_v1(keys[1:2], slots_of([9], 4)) == [False]
@@ -269,4 +269,4 @@ def test_concurrent_exists_reads_and_writes_on_overlapping_keys(galahad):
     assert not errors, errors
     assert all(count > 0 for count in hits)
     assert backend.batch_exists(keys) == 6
-    assert backend.store.stats()["corrupt"] == 0
+    assert backend.store.stats().counter("corrupt") == 0

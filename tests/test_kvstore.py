@@ -40,3 +40,60 @@ def test_a_record_store_is_a_kvstore(tmp_path):
         assert isinstance(store, KVStore)
     finally:
         store.close()
+
+
+def test_stats_are_typed_and_as_dict_keeps_the_flat_shape(tmp_path):
+    import dataclasses
+    import json
+
+    from hicache_galahad.record.namespace import Namespace
+    from hicache_galahad.store.kvstore import StoreStats
+
+    namespace = Namespace("tenant", "fp", "kv", {"page": 1})
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    try:
+        store.register_namespace(namespace)
+        assert store.put(namespace, "k", b"x" * 100)
+        assert store.get(namespace, "k", 100) == b"x" * 100
+        stats = store.stats()
+        assert isinstance(stats, StoreStats)
+        assert stats.counter("puts") == stats.counter("hits") == 1
+        assert stats.counter("failed_V13") == stats.counter("mooncake_hits") == 0
+        assert stats.indexed_records == len(store.index) and stats.ledger_bytes > 100
+        with pytest.raises(KeyError, match="'hit'"):  # a typo fails, never reads 0
+            stats.counter("hit")
+        assert stats.as_dict() == store.counters.snapshot() | {
+            "ledger_bytes": stats.ledger_bytes,
+            "indexed_records": stats.indexed_records,
+        }
+        json.dumps(stats.as_dict())
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            stats.ledger_bytes = 0
+        with pytest.raises(TypeError):  # a snapshot: nobody changes it
+            stats.counters["puts"] = 5
+    finally:
+        store.close()
+
+
+def test_tiered_stats_add_the_mooncake_clients_counters():
+    import typing
+
+    from hicache_galahad.store.kvstore import StoreStats
+    from hicache_galahad.tier.tiered import TieredStats
+
+    stats = TieredStats(
+        counters={"puts": 1},
+        ledger_bytes=5,
+        indexed_records=1,
+        shared={"put_ok": 2, "available": 1},
+    )
+    assert isinstance(stats, StoreStats) and stats.counter("puts") == 1
+    assert stats.as_dict() == {
+        "puts": 1,
+        "ledger_bytes": 5,
+        "indexed_records": 1,
+        "mooncake_tier_put_ok": 2,
+        "mooncake_tier_available": 1,
+    }
+    for store_class in (RecordStore, TieredStore, KVStore):
+        assert issubclass(typing.get_type_hints(store_class.stats)["return"], StoreStats)

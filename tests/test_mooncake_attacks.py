@@ -83,7 +83,7 @@ class Server:
         return self.store.local.get(self.namespace, key, self.page_size)
 
     def count(self, name: str) -> int:
-        return self.backend.stats().get(name, 0)
+        return self.backend.stats().counter(name)
 
 
 @pytest.fixture(scope="module")

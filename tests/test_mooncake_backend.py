@@ -61,7 +61,7 @@ NODE_A = textwrap.dedent(
         "mamba": [True, True]
     }
     assert backend.store.tier.flush(30)
-    print(json.dumps(backend.stats()))
+    print(json.dumps(backend.stats().as_dict()))
     backend.close()
     """
 )
@@ -121,7 +121,8 @@ def test_a_page_written_on_node_a_is_a_hit_on_node_b(tmp_path, cluster):
         assert len(pool_records(tmp_path / "node-b", "kv")) == PAGES
         assert len(pool_records(tmp_path / "node-b", "mamba")) == 2
         stats = backend.stats()
-        assert stats["mooncake_hits"] == PAGES + 2 and stats.get("mooncake_bad_values", 0) == 0
+        assert stats.counter("mooncake_hits") == PAGES + 2
+        assert stats.counter("mooncake_bad_values") == 0
     finally:
         backend.close()
 
@@ -158,8 +159,8 @@ def test_hostile_and_stale_values_are_misses_and_never_reach_host_memory(tmp_pat
         for index in range(5):
             assert torch.equal(page_bytes(kv, (10 + index) * 4), before[index])
         stats = backend.stats()
-        assert stats["mooncake_bad_values"] == 5 and stats.get("mooncake_hits", 0) == 0
-        assert stats.get("failed_M1", 0) == 0  # the record's own rules refused them
+        assert stats.counter("mooncake_bad_values") == 5 and stats.counter("mooncake_hits") == 0
+        assert stats.counter("failed_M1") == 0  # the record's own rules refused them
         assert pool_records(tmp_path / "node-b", "kv") == []
         deadline = time.monotonic() + 10  # bad values are removed, so good ones can land
         while any(raw_client.exists(shared_key(namespace, k)) for k in keys):
@@ -202,7 +203,7 @@ def test_mooncake_failures_are_misses_and_local_disk_keeps_serving(tmp_path, clu
         cluster.kill_daemon()
         assert backend.batch_get_v1(local, slots_of([8, 9, 10], 4)) == [True] * 3
         assert backend.batch_get_v1(chain_keys(1, "gone"), slots_of([13], 4)) == [False]
-        assert backend.stats()["adapter_errors"] == 0
+        assert backend.stats().counter("adapter_errors") == 0
     finally:
         backend.close()
 
@@ -220,7 +221,7 @@ def test_a_full_mooncake_drops_writes_without_failing_them(tmp_path, cluster):
         writer.store.tier.flush(120)
         counters = writer.store.tier.counters()
         assert counters["put_ok"] >= 1
-        assert writer.stats()["adapter_errors"] == 0
+        assert writer.stats().counter("adapter_errors") == 0
         first = chain_keys(pages, "flood-0")
         assert writer.batch_get_v1(first, slots) == [True] * pages  # served from local disk
     finally:

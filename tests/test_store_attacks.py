@@ -125,7 +125,7 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
         rewrite_ledger()
         assert not store.put(ALICE, key(98), page(98))
         assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
-        assert store.stats()["budget_unreconciled"] >= 1
+        assert store.stats().counter("budget_unreconciled") >= 1
         # ... and once it is due, the ledger is recounted from disk and the put succeeds.
         monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         assert store.put(ALICE, key(98), page(98))
@@ -301,7 +301,7 @@ logging.basicConfig()
 os.setgid(65534); os.setuid(65534)  # everything is imported: now drop root
 with RecordStore(sys.argv[1], durability="none") as store:
     store.rebuild_ledger()  # a walk of every record (an open reads no record directory)
-    print(json.dumps(store.stats()))
+    print(json.dumps(store.stats().as_dict()))
 """
 
 
@@ -356,7 +356,7 @@ def test_a_full_disk_at_start_degrades_to_misses_and_cleans_up(tmp_path):
             while True:
                 handle.write(b"\0" * 65536)
         namespace = store.register_namespace(ALICE)  # cannot write its description
-        assert store.stats()["namespace_write_failures"] == 1
+        assert store.stats().counter("namespace_write_failures") == 1
         assert not store.put(namespace, key(1), page(1))
         assert store.get(namespace, key(1), PAGE) is None
         leftovers = [p.name for p in root.rglob("namespace.json.*")]

@@ -123,7 +123,7 @@ def test_a_record_not_in_the_page_cache_goes_to_the_full_path(tmp_path, monkeypa
         assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
         assert outs == [bytearray(page) for page in PAGES]
         stats = store.stats()
-        assert stats["hits"] == len(KEYS) and stats["misses"] == 0
+        assert stats.counter("hits") == len(KEYS) and stats.counter("misses") == 0
 
 
 def test_a_damaged_warm_record_is_a_miss_and_quarantined(tmp_path):
@@ -136,7 +136,7 @@ def test_a_damaged_warm_record_is_a_miss_and_quarantined(tmp_path):
         outs = [bytearray(32768) for _ in KEYS]
         results = store.get_many_into(NS, KEYS, outs)
         assert results == [index != 2 for index in range(len(KEYS))]
-        assert not os.path.exists(path) and store.stats()["quarantined"] == 1
+        assert not os.path.exists(path) and store.stats().counter("quarantined") == 1
         assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 2)
 
 
@@ -164,7 +164,7 @@ def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(tmp_path, m
         outs = [bytearray(32768) for _ in KEYS]
         assert store.get_many_into(NS, KEYS, outs) == [index != 6 for index in range(len(KEYS))]
         assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 6)
-        assert store.stats()["quarantined"] == 1
+        assert store.stats().counter("quarantined") == 1
     wrong = write_key_file(tmp_path / "wrong.key", bytes(range(1, 33)))
     with RecordStore(str(tmp_path / "s"), encryption_key_file=wrong) as store:
         assert not store.reader.read_cached_into(NS, KEYS[1], bytearray(32768), names[1])
@@ -199,4 +199,4 @@ def test_a_destination_the_cached_path_cannot_use_is_a_miss_not_an_exception(tmp
             False,
             True,
         ]
-        assert store.stats()["unexpected_errors"] == 1
+        assert store.stats().counter("unexpected_errors") == 1

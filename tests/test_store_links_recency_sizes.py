@@ -303,7 +303,7 @@ def test_a_record_claiming_gibibytes_is_refused_by_its_header_alone(tmp_path):
         elapsed_s = time.perf_counter() - started
         stats = store.stats()
     assert elapsed_s < 1.0
-    assert stats["failed_V16"] == 4 and stats["failed_V9"] == 1
+    assert stats.counter("failed_V16") == 4 and stats.counter("failed_V9") == 1
     assert big.exists()  # another size: left in place
     assert not inflated.exists()  # damage: quarantined
     assert [problem[:3] for _, problem in report.unverifiable] == ["V16"]

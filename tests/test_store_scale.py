@@ -96,12 +96,12 @@ def test_no_path_sglang_calls_scans_the_root_at_100k_records(tmp_path, entries_r
     store.delete(NAMESPACE, key(1))  # room for one batch of one
     measure("put with room", lambda: store.put(NAMESPACE, key(RECORDS + 1), b"n" * 256))
     fresh = [key(RECORDS + 2 + index) for index in range(64)]
-    before = store.stats().get("evictions", 0)
+    before = store.stats().counter("evictions")
     measure(
         "put into a full budget (64 puts)",
         lambda: [store.put(NAMESPACE, name, b"n" * 256) for name in fresh],
     )
-    evicted = store.stats().get("evictions", 0) - before
+    evicted = store.stats().counter("evictions") - before
     store.close()
     print(f"\nentries read at {RECORDS} records: {read}; evictions {evicted}")
     assert evicted >= 64  # every put evicted

@@ -14,6 +14,7 @@ host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), 
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import os
@@ -28,7 +29,7 @@ from ..config.fingerprint import resolve_fingerprint
 from ..config.options import parse_options
 from ..errors import RefusedRequest
 from ..store import RecordStore
-from ..store.kvstore import KVStore
+from ..store.kvstore import KVStore, StoreStats
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog
 from .binding import KV, Binder, server_args
@@ -336,9 +337,11 @@ class GalahadStorage(HiCacheStorage):
             backup_bandwidth=backup_gbps,
         )
 
-    def stats(self) -> dict:
-        """The store's counters, including this adapter's caught exceptions (adapter_errors)."""
-        return {"adapter_errors": 0} | self.store.stats()
+    def stats(self) -> StoreStats:
+        """The store's stats, its counters including this adapter's caught exceptions
+        (adapter_errors, shown from the start)."""
+        stats = self.store.stats()
+        return dataclasses.replace(stats, counters={"adapter_errors": 0} | dict(stats.counters))
 
     def close(self) -> None:
         self._closed = True

@@ -8,10 +8,42 @@ on a data error: a record that fails a check is a miss (False, None), counted by
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Protocol, runtime_checkable
 
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters
+from ..telemetry.metrics import COUNTERS, RULE_COUNTERS, Counters
+
+
+@dataclass(frozen=True)
+class StoreStats:
+    """What `KVStore.stats()` returns: a snapshot of the store's counters and sizes.
+
+    `counters` holds the counters counted so far (telemetry/metrics.py declares every name:
+    COUNTERS, and failed_<rule> for each rule); `counter(name)` reads one, 0 for a declared
+    counter not counted yet and a KeyError for a name that is not declared (a typo fails
+    instead of reading 0). `as_dict()` is the flat JSON shape: the counters, then the sizes.
+    """
+
+    counters: Mapping[str, int] = field(default_factory=dict)
+    ledger_bytes: int = 0  # record bytes the root's shared ledger counts (every process's)
+    indexed_records: int = 0  # records in this process's LRU index
+
+    def __post_init__(self):
+        object.__setattr__(self, "counters", MappingProxyType(dict(self.counters)))
+
+    def counter(self, name: str) -> int:
+        if name not in COUNTERS and name not in RULE_COUNTERS:
+            raise KeyError(f"no counter {name!r} (telemetry/metrics.py declares them)")
+        return self.counters.get(name, 0)
+
+    def as_dict(self) -> dict:
+        return dict(self.counters) | {
+            "ledger_bytes": self.ledger_bytes,
+            "indexed_records": self.indexed_records,
+        }
 
 
 @runtime_checkable
@@ -57,8 +89,8 @@ class KVStore(Protocol):
     def clear_namespace(self, namespace: Namespace) -> int:
         """Removes the namespace's local records; how many."""
 
-    def stats(self) -> dict:
-        """The store's counters and sizes."""
+    def stats(self) -> StoreStats:
+        """The store's counters and sizes (a tier adds its own: a subclass of StoreStats)."""
 
     def close(self) -> None:
         """Flushes what is pending and releases every file and thread."""

@@ -40,6 +40,7 @@ from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
 from .flusher import Flusher
+from .kvstore import StoreStats
 from .layout import StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
@@ -384,11 +385,12 @@ class RecordStore:
         """Recounts the ledger from disk now (and reclaims dead writers' reservations)."""
         return self.accounting.rebuild()
 
-    def stats(self) -> dict:
-        return self.counters.snapshot() | {
-            "ledger_bytes": self.accounting.ledger.read(),
-            "indexed_records": len(self.index),
-        }
+    def stats(self) -> StoreStats:
+        return StoreStats(
+            counters=self.counters.snapshot(),
+            ledger_bytes=self.accounting.ledger.read(),
+            indexed_records=len(self.index),
+        )
 
     def check(
         self, fix: bool = False, on_record=None, dirnames=None, threads: int = 1

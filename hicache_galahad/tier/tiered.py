@@ -32,12 +32,16 @@ import collections
 import logging
 import threading
 import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from ..config.mooncake import NO_SHARED_KEY
 from ..errors import ConfigError
 from ..record import format as fmt
 from ..record.namespace import Namespace
 from ..store import RecordStore
+from ..store.kvstore import StoreStats
 from ..telemetry.metrics import RateLimitedLog, failed
 from .mooncake.integrity import TAG_BYTES
 
@@ -50,6 +54,24 @@ def shared_key(namespace: Namespace, key: str) -> str:
     """The Mooncake key of a record: its namespace (tenant, model, pool geometry, rank) and
     its own key. Only a naming convention: the value itself is verified on every read."""
     return f"{KEY_PREFIX}/{namespace.dirname}/{key}"
+
+
+@dataclass(frozen=True)
+class TieredStats(StoreStats):
+    """The local store's stats and the Mooncake client's own counters (`shared`: the names
+    of tier/mooncake/counts.py, `queued_bytes` and `available`), which as_dict() names
+    `mooncake_tier_<name>`."""
+
+    shared: Mapping[str, int] = field(default_factory=dict)
+
+    def __post_init__(self):
+        super().__post_init__()
+        object.__setattr__(self, "shared", MappingProxyType(dict(self.shared)))
+
+    def as_dict(self) -> dict:
+        return super().as_dict() | {
+            f"mooncake_tier_{name}": value for name, value in self.shared.items()
+        }
 
 
 def _value_bound(raw_len: int) -> int:
@@ -338,9 +360,14 @@ class TieredStore:
 
     # ------------------------------------------------------------- admin
 
-    def stats(self) -> dict:
-        shared = {f"mooncake_tier_{name}": value for name, value in self.tier.counters().items()}
-        return self.local.stats() | shared
+    def stats(self) -> TieredStats:
+        local = self.local.stats()
+        return TieredStats(
+            counters=local.counters,
+            ledger_bytes=local.ledger_bytes,
+            indexed_records=local.indexed_records,
+            shared=self.tier.counters(),
+        )
 
     def close(self) -> None:
         try:
