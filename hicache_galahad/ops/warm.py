@@ -442,7 +442,7 @@ class Readiness:
     tokens: int  # the document's token count N
     restorable_tokens: int  # a request of exactly the document, now
     continuation_tokens: int  # a request that continues the document (a question after it)
-    pages_expected: int  # floor(N/P): the pages SGLang stores of the document
+    pages_expected: int  # the pages SGLang stores: floor(N/P), for a hybrid C*floor(N/C)/P
     pages_stored: int  # of those, present in every rank's namespace
     checkpoints: list[int]  # token positions with a state in every rank (hybrid)
     hybrid: bool
@@ -562,7 +562,10 @@ class _Session:
         )
 
     def readiness(self, ids: list[int]) -> Readiness:
-        return readiness(self.store, self.ranks, self.keys(ids), len(ids), self.profile.page_size)
+        keys = self.keys(ids)
+        if self.hybrid:  # the radix cache of a hybrid holds (and backs up) whole grid units
+            keys = keys[: self.interval * (len(ids) // self.interval) // self.profile.page_size]
+        return readiness(self.store, self.ranks, keys, len(ids), self.profile.page_size)
 
     def close(self) -> None:
         self.store.close()
