@@ -227,7 +227,7 @@ class Pins:
         self.read_only = read_only
         self.counters = counters
         self._thread_lock = threading.RLock()
-        self._total: tuple[tuple, int] = ((), 0)  # (state file's identity, total bytes)
+        self._cached: tuple[tuple, dict] = ((), {})  # (state file's identity, bytes)
         self.path = os.path.join(layout.root, PINS_DIR)
         try:
             info = os.lstat(self.path)
@@ -788,28 +788,32 @@ class Pins:
             os.close(fd)
         return {tenant: entry["records"] for tenant, entry in sorted(state["tenants"].items())}
 
-    def total_bytes(self) -> int:
-        """Pinned bytes of every tenant, as last written (no lock: one stat, and a read of
-        the small state file only when it changed). What eviction may not take."""
+    def cached_by_tenant(self) -> dict[str, int]:
+        """Pinned bytes per tenant as last written (no lock: one stat, and a read of the
+        small state file only when it changed): for eviction and metrics."""
         path = os.path.join(self.path, STATE_FILE)
         try:
             info = os.stat(path, follow_symlinks=False)
         except OSError:
-            self._total = ((), 0)
-            return 0
+            self._cached = ((), {})
+            return {}
         identity = (info.st_ino, info.st_mtime_ns, info.st_size)
-        if identity == self._total[0]:
-            return self._total[1]
+        if identity == self._cached[0]:
+            return self._cached[1]
         try:
             pins_fd = self._pins_fd(False)  # never through a link
             if pins_fd is None:
-                return 0
+                return {}
             try:
                 data = _read_json(STATE_FILE, pins_fd)
             finally:
                 os.close(pins_fd)
-            total = sum(int(e["bytes"]) for e in data["tenants"].values())
+            tenants = {str(t): int(e["bytes"]) for t, e in data["tenants"].items()}
         except (OSError, TypeError, KeyError, ValueError, AttributeError):
-            return self._total[1]
-        self._total = (identity, total)
-        return total
+            return self._cached[1]
+        self._cached = (identity, tenants)
+        return tenants
+
+    def total_bytes(self) -> int:
+        """Pinned bytes of every tenant (cached_by_tenant): what eviction may not take."""
+        return sum(self.cached_by_tenant().values())

@@ -30,6 +30,11 @@ COUNTERS = {
     "puts_failed": ("galahad_write_failures_total", "Records that could not be stored"),
     "io_errors": ("galahad_io_errors_total", "I/O errors (EIO and the like)"),
     "no_space": ("galahad_no_space_total", "Writes refused for lack of budget or space"),
+    "no_space_pinned": (
+        "galahad_no_space_pinned_total",
+        "Puts refused because only evicting pinned records would make room",
+    ),
+    "pins_refused": ("galahad_pins_refused_total", "Records not pinned: max_pinned_bytes reached"),
     "unexpected_errors": ("galahad_unexpected_errors_total", "Bugs caught (never raised)"),
 }
 assert set(COUNTERS) <= set(REGISTRY), "exported counters must be declared in metrics.py"
@@ -44,7 +49,7 @@ def _metrics() -> dict:
     global _METRICS
     with _LOCK:
         if _METRICS is None:
-            from prometheus_client import Counter, Histogram
+            from prometheus_client import Counter, Gauge, Histogram
 
             labels = ("tenant",)
             _METRICS = {
@@ -55,6 +60,13 @@ def _metrics() -> dict:
                     "galahad_failed_checks_total",
                     "Records that broke a docs/FORMAT.md rule, by rule",
                     (*labels, "rule"),
+                ),
+                # Every process on a root sees the same pins: the highest of the live ones.
+                "pinned_bytes": Gauge(
+                    "galahad_pinned_bytes",
+                    "Bytes of this tenant's pinned records on the store root",
+                    labels,
+                    multiprocess_mode="livemax",
                 ),
                 "batch_seconds": Histogram(
                     "galahad_batch_seconds",
@@ -87,6 +99,10 @@ class Exporter:
                 elif name in RULE_COUNTERS:
                     rule = RULE_COUNTERS[name]
                     self._metrics["failed_checks"].labels(self._tenant, rule).inc(delta)
+
+    def set_pinned_bytes(self, value: int) -> None:
+        """The tenant's pinned bytes (RecordStore.pins.cached_by_tenant(): a cached small read)."""
+        self._metrics["pinned_bytes"].labels(self._tenant).set(value)
 
     def observe_batch(self, direction: str, seconds: float) -> None:
         self._metrics["batch_seconds"].labels(self._tenant, direction).observe(seconds)

@@ -22,7 +22,7 @@ COUNTERS = {
     "foreign": "records of another key or namespace (V10, V11)",
     "io_errors": "I/O errors (EIO and the like)",
     "no_space": "writes refused for lack of budget or space",
-    "no_space_pinned": "puts refused because only evicting pinned records would make room",
+    "no_space_pinned": "reservations refused: only evicting pinned records would make room",
     "pins_refused": "records not pinned: max_pinned_bytes would have been passed",
     "pins_dropped_bytes": "pinned bytes dropped because their record was deleted or quarantined",
     "evictions": "records evicted by the budget",
