@@ -66,6 +66,7 @@ QUIET_S = 0.5  # the store unchanged this long, after the last expected page arr
 MAMBA_CHUNK = 64  # SGLang's FLA chunk: the checkpoint grid is max(64, page_size)
 KV_POOL, STATE_POOLS = "kv", ("mamba",)
 DTYPE_ARGS = ("kv_cache_dtype", "mamba_ssm_dtype", "dtype")
+PIN_BUDGET_KEYS = ("max_bytes", "max_pinned_bytes")  # the server's; a pin obeys them
 EXIT_OK, EXIT_INCOMPLETE, EXIT_EXPECTED = 0, 1, 2
 
 
@@ -174,6 +175,7 @@ class ServerProfile:
     model_fingerprint: str | None
     dtypes: dict
     write_policy: str | None
+    store_options: dict = field(default_factory=dict)  # the budget a pin must respect
     raw: dict = field(default_factory=dict, repr=False)
 
     @classmethod
@@ -203,6 +205,7 @@ class ServerProfile:
             model_fingerprint=extra.get("model_fingerprint"),
             dtypes={name: str(args.get(name)) for name in DTYPE_ARGS},
             write_policy=args.get("hicache_write_policy"),
+            store_options={key: extra[key] for key in PIN_BUDGET_KEYS if key in extra},
             raw=args,
         )
 
@@ -518,7 +521,9 @@ def _open_store(root: str | None, profile: ServerProfile, *, writable: bool) -> 
     root = os.path.abspath(os.path.expanduser(root))
     if not os.path.isdir(os.path.join(root, "ns")):
         raise WarmError(f"{root} is not a hicache-galahad store (no ns/ directory)")
-    return RecordStore(root, read_only=not writable)
+    if not writable:
+        return RecordStore(root, read_only=True)
+    return RecordStore(root, **profile.store_options)
 
 
 def _request_fields(extra_key: str | None, cache_salt: str | None) -> dict:
