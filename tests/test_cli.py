@@ -173,6 +173,10 @@ def test_verify_finds_damage_fix_quarantines_it_and_then_verify_is_clean(tmp_pat
     clean = run_galahad("verify", "--root", root, "--json")
     assert clean.returncode == 0, clean.stdout
     assert json.loads(clean.stdout)["clean"]
+    counted = json.loads(clean.stdout)  # its rate, in the JSON and in the table
+    assert counted["scanned_records"] == len(records(root)) and counted["records_per_s"] > 0
+    assert counted["mb_per_s"] > 0 and counted["elapsed_s"] > 0
+    assert "records/s" in run_galahad("verify", "--root", root).stdout
 
 
 def test_verify_fix_for_one_tenant_leaves_other_tenants_alone(tmp_path):

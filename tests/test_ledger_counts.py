@@ -274,6 +274,16 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
     assert counter[0] < 50, counter  # the namespaces, stats/ and procs/: never a record's
     counter[0] = 0
     with RecordStore(root, read_only=True) as store:
+        assert ops.bytes_to_verify(store) == report["disk_bytes"]  # verify's progress bar
+        assert counter[0] < 50, counter  # sized from the ledger: no walk before the walk
+        counter[0] = 0
+        check = store.check(threads=2)
+        # verify lists each directory once (it listed it three times: temp files, records,
+        # then every record again for the bytes on disk)
+        assert records <= counter[0] < records * 1.1 + 50, counter
+        assert check.scanned_records == records and check.ledger_drift_bytes == 0
+        assert check.records_per_s > 0 and check.mb_per_s > 0
+        counter[0] = 0
         exact = ops.stats_report(store, exact=True)
     assert counter[0] >= records  # (the counter does see a walk)
     assert exact["records"] == records and exact["disk_bytes"] == report["disk_bytes"]

@@ -27,6 +27,7 @@ from support.store_helpers import helper_env
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.ledger import QUARANTINE_DIRNAME
 
 pytestmark = pytest.mark.slow
 NAMESPACE = Namespace("truth", "model", "kv", {})
@@ -73,6 +74,43 @@ def disk_bytes(root) -> int:
             info = os.lstat(path)
             sizes[(info.st_dev, info.st_ino)] = _accounted(info)
     return sum(sizes.values())
+
+
+def disk_counts(root) -> dict:
+    """(records, bytes) of each namespace directory and of the quarantine (under
+    QUARANTINE_DIRNAME), counted here: the ledger's per-namespace counts must equal them."""
+    found = {}
+    for directory in Path(root, "ns").iterdir():
+        infos = []
+        for path in directory.glob("*.rec"):
+            with contextlib.suppress(FileNotFoundError):
+                infos.append(os.lstat(path))
+        infos = [info for info in infos if _accounted(info)]
+        if infos:
+            found[directory.name] = (len(infos), sum(_accounted(info) for info in infos))
+    quarantined = [os.lstat(path) for path in Path(root, "quarantine").glob("*")]
+    if quarantined:
+        found[QUARANTINE_DIRNAME] = (len(quarantined), sum(map(_accounted, quarantined)))
+    return found
+
+
+def logical_bytes(root) -> int:
+    """The page bytes every record's header declares (raw_len, at offset 24)."""
+    total = 0
+    for path in record_files(root):
+        with open(path, "rb") as record:
+            total += int.from_bytes(record.read(32)[24:32], "little")
+    return total
+
+
+def assert_counts_equal_disk(store, root) -> None:
+    counts = store.accounting.ledger.namespace_counts()
+    assert counts is not None, "the ledger's namespace counts are not complete"
+    kept = {name: (count.records, count.disk_bytes) for name, count in counts.items()}
+    assert kept == disk_counts(root)
+    truth = logical_bytes(root)  # an estimate between recounts (deletions: the mean share)
+    kept_logical = sum(count.logical_bytes for count in counts.values())
+    assert abs(kept_logical - truth) <= truth // 10, (kept_logical, truth)
 
 
 def _start(role, root, seed, max_bytes, stop_file) -> subprocess.Popen:
@@ -127,6 +165,7 @@ def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(tmp_path, 
     with RecordStore(root, read_only=True) as store:
         ledger = store.accounting.ledger.committed()
         report = store.check()
+        assert_counts_equal_disk(store, root)  # per namespace, exactly (records and bytes)
     on_disk = disk_bytes(root)
     assert ledger == on_disk, f"ledger {ledger} B, disk {on_disk} B: drift {ledger - on_disk} B"
     assert report.ledger_drift_bytes == 0, report.as_dict()
@@ -168,6 +207,7 @@ def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(tmp_path
     with RecordStore(root, durability="none") as store:
         assert store.stats().counter("ledger_rebuilds") == 0  # no recount: the journal did it
         assert store.accounting.ledger.committed() == disk_bytes(root)
+        assert_counts_equal_disk(store, root)
         assert store.get(NAMESPACE, f"{1:064x}", 5000) == bytes([1]) * 5000
         report = store.check()
     assert report.ledger_drift_bytes == 0, report.as_dict()

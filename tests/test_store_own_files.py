@@ -474,7 +474,7 @@ def test_an_unexpected_failure_of_a_command_is_one_line_with_its_own_status(
     """A bug cannot be produced for real on purpose: injected into `stats`."""
     root = make_store(tmp_path)
 
-    def broken(store):
+    def broken(store, **options):
         raise OverflowError("signed integer is greater than maximum")
 
     monkeypatch.setattr(ops, "stats_report", broken)

@@ -157,7 +157,7 @@ def ledger_namespace_stats(store: RecordStore, unreadable=None) -> list[Namespac
     """Per namespace, what the ledger keeps (store/ledger.py): no record directory is read,
     only the list of namespace directories and their descriptions. None when the ledger's
     counts are not complete (a ledger written before they existed, or found wrong)."""
-    counts = store.accounting.ledger.namespace_counts()
+    counts = store.namespace_counts()
     if counts is None:
         return None
     found = []
@@ -214,6 +214,16 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
         },
         "lifetime_counters": store.lifetime_counters(),
     }
+
+
+def bytes_to_verify(store: RecordStore, dirnames=None) -> int | None:
+    """The bytes `verify` will read, from the ledger (O(1)): the namespace counts of
+    `dirnames` (all: the ledger's total when there are no counts), None when not known."""
+    counts = store.namespace_counts()
+    if counts is None:
+        return store.usage_bytes() if dirnames is None else None
+    wanted = counts if dirnames is None else {d: counts[d] for d in dirnames if d in counts}
+    return sum(count.disk_bytes for count in wanted.values())
 
 
 # ----------------------------------------------------------------------------- purge

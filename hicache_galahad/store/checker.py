@@ -11,16 +11,18 @@ from __future__ import annotations
 import contextlib
 import itertools
 import os
+import time
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..record import format as fmt
-from .layout import FileEntry, StoreLayout, temp_is_stale
+from .layout import FileEntry, StoreLayout, is_record_name, is_temp_name, temp_is_stale
 from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
 from .reader import RecordReader, reader_may_be_wrong
 
 CHUNK_RECORDS = 1024  # records verified at once (check streams the walk)
+TASK_RECORDS = 64  # records one thread verifies per hand-off (a future per record cost more)
 
 
 @dataclass
@@ -35,6 +37,17 @@ class CheckReport:
     ledger_bytes: int = 0
     actual_bytes: int = 0
     fixed: bool = False
+    scanned_records: int = 0  # record files read (sound, damaged or unverifiable)
+    scanned_bytes: int = 0
+    elapsed_s: float = 0.0
+
+    @property
+    def records_per_s(self) -> float | None:
+        return self.scanned_records / self.elapsed_s if self.elapsed_s > 0 else None
+
+    @property
+    def mb_per_s(self) -> float | None:
+        return self.scanned_bytes / 1e6 / self.elapsed_s if self.elapsed_s > 0 else None
 
     @property
     def ledger_drift_bytes(self) -> int:
@@ -58,6 +71,11 @@ class CheckReport:
             "ledger_drift_bytes": self.ledger_drift_bytes,
             "clean": self.clean,
             "fixed": self.fixed,
+            "scanned_records": self.scanned_records,
+            "scanned_bytes": self.scanned_bytes,
+            "elapsed_s": self.elapsed_s,
+            "records_per_s": self.records_per_s,
+            "mb_per_s": self.mb_per_s,
         }
 
 
@@ -92,23 +110,34 @@ class Checker:
         dirnames: list[str] | None = None,
         threads: int = 1,
     ) -> CheckReport:
-        """Checks the namespaces `dirnames` (default: all), `threads` records at a time."""
+        """Checks the namespaces `dirnames` (default: all), `threads` records at a time. One
+        pass over each directory: its records are verified as they are listed, and the bytes
+        on disk (`actual_bytes`) are those of the records read plus the quarantined files (no
+        second walk; `fix` recounts the ledger, exactly, under its lock)."""
         report = CheckReport()
+        started_s = time.monotonic()
 
         def unreadable(path, error):
             report.unreadable_dirs.append((path, str(error)))
 
         if dirnames is None:
             dirnames = self.layout.namespace_dirnames(unreadable)
-        with ThreadPoolExecutor(max(1, threads), thread_name_prefix="galahad-verify") as pool:
+        pool = None
+        if threads > 1:
+            pool = ThreadPoolExecutor(threads, thread_name_prefix="galahad-verify")
+        try:
             for dirname in dirnames:
                 self._check_namespace(dirname, report, fix, on_record, unreadable, pool)
+        finally:
+            if pool is not None:
+                pool.shutdown(wait=True)
+        report.elapsed_s = time.monotonic() - started_s
         report.damaged.sort()
         report.unverifiable.sort()
         if fix:
             self.quarantine.trim(QUARANTINE_KEEP_FILES)
         report.quarantined_files = len(self.quarantine.names())
-        report.actual_bytes = self.disk_bytes()
+        report.actual_bytes += self.quarantine.total_bytes()
         report.ledger_bytes = self._read_ledger()
         if fix:
             report.ledger_bytes = self._rebuild_ledger()
@@ -117,18 +146,26 @@ class Checker:
         return report
 
     def _check_namespace(self, dirname, report, fix, on_record, unreadable, pool) -> None:
-        for entry in sorted(self.layout.temp_files([dirname], unreadable), key=_name):
-            if temp_is_stale(entry, self._is_alive):
-                report.stray_temp_files.append(entry.path)
-                if fix:
-                    with contextlib.suppress(OSError):
-                        os.unlink(entry.path)
+        temps = []
+
+        def records():
+            """The directory listed once: records streamed, temp files kept aside."""
+            directory = self.layout.namespace_dir(dirname)
+            for entry in self.layout._entries(directory, dirname, _record_or_temp, unreadable):
+                if is_record_name(entry.name):
+                    yield entry
+                else:
+                    temps.append(entry)
+
         tag_failures = []  # judged once we know whether this key opens any record here
-        for entry, error in self._verified(self.layout.records([dirname], unreadable), pool):
+        for entry, error in self._verified(records(), pool):
             if on_record is not None:
                 on_record(entry)
             if isinstance(error, FileNotFoundError):
                 continue  # evicted or purged while we scanned: not damage
+            report.scanned_records += 1
+            report.scanned_bytes += entry.size_bytes
+            report.actual_bytes += entry.accounted_bytes
             if isinstance(error, fmt.AuthenticationError):
                 tag_failures.append((entry, error))
             elif isinstance(error, fmt.FormatError):
@@ -141,16 +178,31 @@ class Checker:
         key_proven = self.reader.key_proven(dirname)
         for entry, error in tag_failures:
             self._judge(entry, error, report, fix, key_proven)
+        for entry in sorted(temps, key=_name):
+            if temp_is_stale(entry, self._is_alive):
+                report.stray_temp_files.append(entry.path)
+                if fix:
+                    with contextlib.suppress(OSError):
+                        os.unlink(entry.path)
 
     def _verified(self, entries, pool):
-        """(entry, error or None) for each record, streamed: CHUNK_RECORDS at a time over the
-        pool, so memory stays bounded whatever the number of records."""
+        """(entry, error or None) for each record, streamed: CHUNK_RECORDS at a time (over
+        the pool, TASK_RECORDS per hand-off, when there is one), so memory stays bounded
+        whatever the number of records."""
         iterator = iter(entries)
         while True:
             chunk = list(itertools.islice(iterator, CHUNK_RECORDS))
             if not chunk:
                 return
-            yield from zip(chunk, pool.map(self._verify, chunk), strict=True)
+            if pool is None:
+                yield from zip(chunk, map(self._verify, chunk), strict=True)
+                continue
+            tasks = [chunk[i : i + TASK_RECORDS] for i in range(0, len(chunk), TASK_RECORDS)]
+            for task, errors in zip(tasks, pool.map(self._verify_all, tasks), strict=True):
+                yield from zip(task, errors, strict=True)
+
+    def _verify_all(self, entries: list) -> list:
+        return [self._verify(entry) for entry in entries]
 
     def _verify(self, entry: FileEntry) -> Exception | None:
         try:
@@ -172,3 +224,7 @@ class Checker:
 
 def _name(entry: FileEntry) -> str:
     return entry.name
+
+
+def _record_or_temp(name: str) -> bool:
+    return is_record_name(name) or is_temp_name(name)

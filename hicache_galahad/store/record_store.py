@@ -42,6 +42,7 @@ from .checker import Checker, CheckReport
 from .flusher import Flusher
 from .kvstore import StoreStats
 from .layout import StoreLayout, record_filename
+from .ledger import QUARANTINE_DIRNAME
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
 from .pins import PinResult, Pins
@@ -384,6 +385,15 @@ class RecordStore:
     def rebuild_ledger(self) -> int:
         """Recounts the ledger from disk now (and reclaims dead writers' reservations)."""
         return self.accounting.rebuild()
+
+    def namespace_counts(self) -> dict | None:
+        """Per namespace directory, what the ledger keeps (ledger.NamespaceCount: records,
+        disk_bytes, logical_bytes, newest_ns), read without reading any record; the
+        quarantine is not among them. None while the counts are not complete."""
+        counts = self.accounting.ledger.namespace_counts()
+        if counts is not None:
+            counts.pop(QUARANTINE_DIRNAME, None)
+        return counts
 
     def stats(self) -> StoreStats:
         return StoreStats(
