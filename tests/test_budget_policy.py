@@ -172,3 +172,63 @@ def test_one_ledger_update_per_settled_batch():
     assert budget.reserve(32 * 100)
     budget.settle(31 * 100, 100)
     assert ledger.updates == 2  # one reservation, one settle, for the whole batch
+
+
+def test_pinned_bytes_are_never_evicted_for_and_refuse_without_a_recount():
+    """Pinned records (store/pins.py) are in the ledger but not in the eviction order: the
+    loose records go first, and a put that only evicting a pin could fit fails, counted in
+    no_space_pinned, with nothing deleted and no recount of the ledger."""
+    ledger, index = FakeLedger(committed=700), LruIndex()  # 700 pinned bytes, not indexed
+    disk = FakeDisk(ledger, index)
+    events: dict[str, int] = {}
+    rebuilds = []
+    budget = Budget(
+        ledger,
+        index,
+        disk,
+        max_bytes=1000,
+        min_free_bytes=0,
+        free_bytes=lambda: 1 << 40,
+        rebuild=lambda: rebuilds.append(1) or False,
+        on_event=lambda name, amount: events.__setitem__(name, events.get(name, 0) + amount),
+        pinned_bytes=lambda: 700,
+    )
+    for name in ("a", "b"):
+        assert put(budget, disk, name, 100)
+    assert put(budget, disk, "c", 200)  # evicts a, the oldest loose record
+    assert disk.removed == ["a"]
+    assert not budget.reserve(400)  # b and c (300) could not cover it; only the pins could
+    assert disk.removed == ["a"] and budget.pending_bytes == 0
+    assert events["no_space_pinned"] == 1 and "budget_unreconciled" not in events
+    assert rebuilds == []
+    ledger.committed += 5_000  # bytes not even the pins explain: unreconciled, as before
+    assert not budget.reserve(400)
+    assert events["budget_unreconciled"] == 1 and rebuilds == [1]
+
+
+def test_a_sample_of_pinned_records_only_refuses_instead_of_recounting():
+    """SampledLru's pool stays empty when every sampled record is pinned: the put fails
+    (no_space_pinned) after a few more samples, never with a recount per put."""
+    from hicache_galahad.store.eviction import SampledLru
+
+    samples = []
+    index = SampledLru(lambda want: samples.append(want) or [], lambda: 1000)
+    index.pinned_bytes = lambda: 600
+    assert index.total_bytes == 400
+    ledger = FakeLedger(committed=1000)
+    events: dict[str, int] = {}
+    rebuilds = []
+    budget = Budget(
+        ledger,
+        index,
+        FakeDisk(ledger, LruIndex()),
+        max_bytes=1000,
+        min_free_bytes=0,
+        free_bytes=lambda: 1 << 40,
+        rebuild=lambda: rebuilds.append(1) or True,
+        on_event=lambda name, amount: events.__setitem__(name, events.get(name, 0) + amount),
+        pinned_bytes=index.pinned_bytes,
+    )
+    assert not budget.reserve(100)
+    assert events == {"no_space_pinned": 1} and rebuilds == []
+    assert 2 <= len(samples) <= 20

@@ -41,3 +41,14 @@ def test_discard_returns_the_size_once():
     assert index.discard("a") == 7
     assert index.discard("a") is None
     assert index.pop_oldest() is None
+
+
+def test_sampled_lru_leaves_pinned_bytes_out_of_what_it_could_free():
+    from hicache_galahad.store.eviction import SampledLru
+
+    index = SampledLru(lambda want: [], lambda: 1000)
+    assert index.total_bytes == 1000
+    index.pinned_bytes = lambda: 300
+    assert index.total_bytes == 700
+    index.pinned_bytes = lambda: 5000  # more pinned than the ledger holds: nothing to free
+    assert index.total_bytes == 0
