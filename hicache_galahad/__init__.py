@@ -5,7 +5,7 @@ the record store (`hicache_galahad.store`) works without torch or sglang install
 """
 
 __version__ = "0.1.0"
-__all__ = ["GalahadStorage", "RecordStore", "Namespace"]
+__all__ = ["GalahadStorage", "RecordStore", "Namespace", "warm", "ready"]
 
 
 def __getattr__(name):
@@ -21,4 +21,8 @@ def __getattr__(name):
         from .record.namespace import Namespace
 
         return Namespace
+    if name in ("warm", "ready"):  # ops/warm.py: warm a corpus, say what is ready
+        from .ops import warm as warm_module
+
+        return getattr(warm_module, name)
     raise AttributeError(f"module 'hicache_galahad' has no attribute {name!r}")

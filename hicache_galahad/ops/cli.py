@@ -7,6 +7,8 @@ healthy, clean it, and run the demo.
     galahad gc      --root DIR [--max-bytes N]
     galahad inspect --root DIR FILE|KEY [--encryption-key-file F] [--json]
     galahad fingerprint MODEL_DIR
+    galahad warm    --server URL [--root DIR] [--pin] [--sections] [--check] FILE...
+    galahad ready   --server URL [--root DIR] FILE...      (ops/warm.py)
     galahad demo                                  (a source checkout only: runs bench/demo.py)
     galahad blaise add|ask ...
 
@@ -31,6 +33,7 @@ from ..errors import GalahadError
 from ..store import RecordStore
 from ..units import parse_bytes
 from . import reports as ops
+from . import warm
 
 EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED, EXIT_UNEXPECTED = 0, 1, 2, 3, 4
 EXIT_INTERRUPTED = 130
@@ -390,6 +393,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     fingerprint.add_argument("model_dir", metavar="MODEL_DIR")
     fingerprint.set_defaults(run=cmd_fingerprint)
+
+    warm.register(commands)  # warm, ready (ops/warm.py)
 
     if demo_script() is not None:  # a source checkout
         demo = commands.add_parser("demo", help="the README's main job: the restart demo")
