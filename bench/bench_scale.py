@@ -17,7 +17,10 @@ kept under --cache for later runs; for each N, in fresh processes:
   open x4      four processes opening the root at once: each one's open time
   idle put     a process opened on a full root, idle while three others evict, then its
                first put
-  stats/verify `galahad stats` and `galahad verify` wall time and peak RSS
+  stats/verify `galahad stats` (from the ledger's namespace counts: no record read; a root
+               whose ledger predates the counts gets `stats --recount` once first, timed
+               apart) and `galahad stats --exact` (a walk); `galahad verify` wall time, peak
+               RSS and its own rate (records/s, MB/s of records read)
   file evict   HiCacheFile with max_size at the root's size: one put (it evicts to 90%)
 
 and the growth per 10x of every figure. After every multi-process phase the ledger is
@@ -472,6 +475,23 @@ def timed_command(args) -> tuple[float, int]:
     return time.perf_counter() - start, usage.ru_maxrss * 1024
 
 
+def timed_json(args) -> tuple[float, int, dict]:
+    """Wall time, peak RSS (bytes) and the JSON printed by a command (--json)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen(
+        [*args, "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, cwd=REPO
+    )
+    out = proc.stdout.read()
+    _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    elapsed_s = time.perf_counter() - start
+    try:
+        data = json.loads(out)
+    except ValueError:
+        data = {}
+    return elapsed_s, usage.ru_maxrss * 1024, data
+
+
 def sync_dir(work: str, name: str) -> str:
     directory = os.path.join(work, name)
     shutil.rmtree(directory, ignore_errors=True)
@@ -593,12 +613,20 @@ def measure_galahad(n, root, args, work, cold_how) -> dict:
         fig["ledger drift evictors B"] = ledger_drift(root)
     galahad = [sys.executable, "-m", "hicache_galahad"]
     if "stats" not in args.skip:
-        fig["stats s"], rss = timed_command([*galahad, "stats", "--root", root])
+        stats = [*galahad, "stats", "--root", root]
+        fig["stats s"], rss, report = timed_json(stats)
+        if report.get("counts") != "ledger":  # a root built before the ledger kept counts
+            fig["stats --recount s (once)"] = timed_json([*stats, "--recount"])[0]
+            fig["stats s"], rss, report = timed_json(stats)
+        fig["stats counts from"] = report.get("counts")
         fig["stats peak RSS MB"] = rss / 1e6
+        fig["stats --exact s"] = timed_json([*stats, "--exact"])[0]
     if "verify" not in args.skip:
-        fig["verify s"], rss = timed_command([*galahad, "verify", "--root", root])
+        fig["verify s"], rss, report = timed_json([*galahad, "verify", "--root", root])
         fig["verify peak RSS MB"] = rss / 1e6
-        fig["verify records/s"] = n / fig["verify s"]
+        fig["verify records/s"] = report.get("records_per_s")
+        fig["verify MB/s"] = report.get("mb_per_s")
+        fig["verify records/s (wall)"] = n / fig["verify s"]
     return fig
 
 
@@ -661,6 +689,8 @@ def growth_table(title, figures: dict[int, dict]) -> str:
     def cell(value):
         if value is None:
             return ""
+        if isinstance(value, str):
+            return value
         if isinstance(value, list):
             return ", ".join(f"{v:g}" for v in value)
         if isinstance(value, int) or abs(value) >= 100:
