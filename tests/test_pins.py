@@ -517,3 +517,36 @@ def test_a_linked_pins_directory_is_refused(tmp_path):
 def test_document_ids_are_plain_names():
     assert document_id("../../etc") == document_id("../../etc")
     assert "/" not in document_id("a/b") and len(document_id("x" * 10_000)) == 33
+
+
+@pytest.mark.parametrize("damage", ["garbage", "missing", "negative"])
+def test_a_damaged_or_missing_state_file_is_counted_again_from_the_pin_files(tmp_path, damage):
+    root = str(tmp_path / "store")
+    size = record_bytes("d-00")
+    with RecordStore(root, durability="none") as store:
+        for namespace in (NS_A, NS_B):
+            store.register_namespace(namespace)
+            fill(store, namespace, ["d-00", "d-01", "d-02"])
+        store.pin(NS_A, ["d-00", "d-01"], "one")
+        store.pin(NS_B, ["d-02"], "two")
+        # A pin killed midway without its journal: a pin file no document links.
+        half = os.path.join(root, "pins", "refs", NS_A.dirname, record_filename("d-02"))
+        with open(half, "w") as handle:
+            handle.write(json.dumps({"b": size, "t": "tenant-a"}))
+        os.link(
+            record_path(root, NS_A, "d-02"),
+            os.path.join(root, "pins", "records", NS_A.dirname, record_filename("d-02")),
+        )
+        path = os.path.join(root, "pins", "state")
+        if damage == "garbage":
+            with open(path, "wb") as handle:
+                handle.write(b"\x00not json")
+        elif damage == "missing":
+            os.unlink(path)
+        else:
+            with open(path, "w") as handle:
+                json.dump({"tenants": {"tenant-a": {"bytes": -5, "records": 1}}}, handle)
+        assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size, "tenant-b": size}
+        assert pins_truth(root) == {"tenant-a": 2 * size, "tenant-b": size}
+        assert os.stat(record_path(root, NS_A, "d-02")).st_nlink == 1  # the half pin went
+        assert store.unpin(everything=True) == 3 * size

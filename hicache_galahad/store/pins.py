@@ -285,9 +285,11 @@ class Pins:
             try:
                 lock_fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=pins_fd)
                 fcntl.flock(lock_fd, fcntl.LOCK_EX)
-                state = self._read_state(pins_fd)
+                state = self._read_state(pins_fd, repair=True)
                 if state.get("journal"):
                     self._recover(dirs, state)
+                    self._write_state(dirs, state)
+                elif state.pop("recounted", False) and state["tenants"]:
                     self._write_state(dirs, state)
                 try:
                     yield dirs, state
@@ -304,28 +306,61 @@ class Pins:
                 dirs.close()
                 os.close(pins_fd)
 
-    def _read_state(self, pins_fd: int) -> dict:
+    def _read_state(self, pins_fd: int, repair: bool = False) -> dict:
+        """The state file; when it is missing or damaged, counted again from the pin files
+        (see _recount_state), so the counts are never lost with it."""
         data = _read_json(STATE_FILE, pins_fd)
-        if not isinstance(data, dict) or not isinstance(data.get("tenants"), dict):
-            data = {"tenants": {}} if data is None else self._recount_state(pins_fd)
+        valid = isinstance(data, dict) and isinstance(data.get("tenants"), dict)
+        if valid:
+            try:
+                for tenant, entry in data["tenants"].items():
+                    if not (isinstance(tenant, str) and int(entry["bytes"]) >= 0):
+                        valid = False
+                    entry["bytes"], entry["records"] = int(entry["bytes"]), int(entry["records"])
+            except (TypeError, KeyError, ValueError, AttributeError):
+                valid = False
+        if not valid:
+            data = self._recount_state(pins_fd, repair)
+            data["recounted"] = True
         data.setdefault("journal", None)
         return data
 
-    def _recount_state(self, pins_fd: int) -> dict:
-        """A damaged state file: the counts are what the pin files say (a walk of the pins,
-        only then)."""
+    def _recount_state(self, pins_fd: int, repair: bool) -> dict:
+        """The counts from the pin files themselves: a walk of pins/refs, only when the
+        state file is missing or damaged (never on a put, an eviction or at open). A pin file
+        that no document links, or that has no record link, is a change killed midway: with
+        `repair` (under the lock) it is finished as the journal would have (removed, with its
+        record link); it is never counted."""
         tenants: dict = {}
         dirs = _Dirs(pins_fd)
         try:
-            refs_fd = dirs.get(REFS_DIR)
-            for dirname in os.listdir(refs_fd) if refs_fd is not None else []:
-                ns_fd = dirs.get(REFS_DIR, dirname)
-                for name in os.listdir(ns_fd) if ns_fd is not None else []:
-                    ref = _read_json(name, ns_fd)
-                    if isinstance(ref, dict):
-                        entry = tenants.setdefault(str(ref.get("t")), {"bytes": 0, "records": 0})
-                        entry["bytes"] += int(ref.get("b", 0))
-                        entry["records"] += 1
+            for top in (REFS_DIR, RECORDS_DIR):
+                top_fd = dirs.get(top)
+                for dirname in os.listdir(top_fd) if top_fd is not None else []:
+                    if not _plain(dirname):
+                        continue
+                    refs_fd, records_fd = (
+                        dirs.get(REFS_DIR, dirname),
+                        dirs.get(RECORDS_DIR, dirname),
+                    )
+                    own_fd = refs_fd if top == REFS_DIR else records_fd
+                    for name in os.listdir(own_fd) if own_fd is not None else []:
+                        ref, link = _stat(name, refs_fd), _stat(name, records_fd)
+                        whole = ref is not None and ref.st_nlink >= 2 and link is not None
+                        if not whole:
+                            if repair:
+                                _unlink(name, records_fd)
+                                _unlink(name, refs_fd)
+                            continue
+                        if top == RECORDS_DIR:
+                            continue  # counted from refs
+                        content = _read_json(name, refs_fd)
+                        if isinstance(content, dict):
+                            entry = tenants.setdefault(
+                                str(content.get("t")), {"bytes": 0, "records": 0}
+                            )
+                            entry["bytes"] += int(content.get("b", 0))
+                            entry["records"] += 1
         finally:
             dirs.close()
         return {"tenants": tenants}
