@@ -288,3 +288,21 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
     assert counter[0] >= records  # (the counter does see a walk)
     assert exact["records"] == records and exact["disk_bytes"] == report["disk_bytes"]
     assert exact["logical_bytes"] == report["logical_bytes"] == records * 64
+
+
+def test_format_doc_names_the_ledger_as_the_code_writes_it():
+    doc = (Path(__file__).resolve().parents[1] / "docs" / "FORMAT.md").read_text()
+    section = doc[doc.index("## The ledger") : doc.index("## Validation rules")]
+    for magic in (MAGIC, b"GLEDGER3", b"GNS1"):
+        assert f"`{magic.decode()}`" in section
+    assert _NS_ENTRY.size == 16 + 4 * 8 and "16 bytes" in section and "u64 each" in section
+    assert QUARANTINE_DIRNAME == "0" * 32 and "`000...0`" in section
+    assert {
+        kind.decode() for kind in (Journal.PUBLISH, Journal.DELETE, Journal.TRIM, Journal.MOVE)
+    } == {
+        "P",
+        "D",
+        "Q",
+        "M",
+    }
+    assert all(f"`{kind}`" in section for kind in "PDQM")
