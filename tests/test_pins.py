@@ -550,3 +550,23 @@ def test_a_damaged_or_missing_state_file_is_counted_again_from_the_pin_files(tmp
         assert pins_truth(root) == {"tenant-a": 2 * size, "tenant-b": size}
         assert os.stat(record_path(root, NS_A, "d-02")).st_nlink == 1  # the half pin went
         assert store.unpin(everything=True) == 3 * size
+
+
+def test_metrics_export_the_tenants_pinned_bytes(galahad):
+    """The SGLang backend's get_stats sets galahad_pinned_bytes{tenant} (a real backend
+    loaded through SGLang's factory, its metrics on)."""
+    from prometheus_client import REGISTRY
+    from support.records import chain_keys
+    from support.sglang_pools import mha_pool, slots_of
+
+    backend = galahad(mha_pool(), config={"metrics": True})
+    keys = chain_keys(2, "pinned")
+    assert backend.batch_set_v1(keys, slots_of([0, 1], 4)) == [True, True]
+    result = backend.store.pin(backend.binder.kv().namespace, keys, "doc")
+    assert result.pinned_records == 2
+    backend.get_stats()
+    labels = {"tenant": backend.options.tenant}
+    assert REGISTRY.get_sample_value("galahad_pinned_bytes", labels) == result.pinned_bytes
+    backend.store.unpin(everything=True)
+    backend.get_stats()
+    assert REGISTRY.get_sample_value("galahad_pinned_bytes", labels) == 0
