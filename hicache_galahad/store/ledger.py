@@ -13,9 +13,11 @@ The namespace counts (what `galahad stats` prints without walking a record) chan
 locked section, and under the same journal, as committed bytes: publish, apply (deletions,
 quarantine moves and trims), rebuild. Quarantined files count under the pseudo-namespace
 QUARANTINE_DIRNAME, so when the counts are complete their bytes sum to committed bytes exactly.
-Logical bytes are exact for what was published and recounted; a deletion takes away the
-namespace's mean logical/disk ratio of what it freed (no read of a victim's header), so they
-are an estimate between recounts. A ledger without counts (written before they existed) is
+Logical bytes are an estimate between recounts (exact at each): a publication's are read
+from the records' headers just after its locked section (never a read under the lock) and
+added in that process's next one (a process killed in between leaves them out), and a
+deletion takes away the namespace's mean logical/disk share of what it freed (no read of a
+victim's header). A ledger without counts (written before they existed) is
 read as ever, with the counts incomplete until the next rebuild fills them; a count that would
 go negative, or a change that cannot be attributed to a namespace, also marks them incomplete
 (never a wrong figure shown as exact).
@@ -451,6 +453,10 @@ class Ledger:
         # the store sets it.
         self.logical_of: Callable[[str, str], int] = lambda dirname, filename: 0
         self.recovered_bytes = 0
+        # Logical bytes of records this process published, read from their headers after
+        # the locked section (never a read under the lock), folded into the next one.
+        self._pending_logical: dict[str, int] = {}
+        self._pending_lock = threading.Lock()
         self._fd = self._open()
 
     def _logical_of(self, dirname: str, filename: str) -> int:
@@ -567,11 +573,17 @@ class Ledger:
             self._reopen_if_replaced()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
             mine_before = self._mine
+            with self._pending_lock:
+                pending, self._pending_logical = self._pending_logical, {}
             try:
                 state = self._read_state()
                 before = state.pack()
                 if state.journal is not None:
                     self._recover(state)
+                for dirname, logical in pending.items():
+                    count = state.counts.get(dirname) if state.counts_complete else None
+                    if count is not None:  # (gone meanwhile: nothing to add it to)
+                        count.logical_bytes += logical
                 token = self._process.token
                 if self._mine or token in state.entries:
                     state.entries[token] = self._mine  # written back if someone dropped it
@@ -587,6 +599,7 @@ class Ledger:
                 return result
             except BaseException:
                 self._mine = mine_before  # the update did not happen: nothing of it is kept
+                self._add_pending(pending)
                 raise
             finally:
                 fcntl.flock(self._fd, fcntl.LOCK_UN)
@@ -671,6 +684,7 @@ class Ledger:
         if len(journal.pack()) > JOURNAL_MAX_BYTES:
             journal = None
         kept = 0
+        unread: list = []  # published records whose logical bytes are read after the lock
 
         def update(state: _State) -> int:
             nonlocal kept
@@ -684,30 +698,39 @@ class Ledger:
             self._mine = max(0, self._mine - kept)
             state.committed += kept
             if kept:
-                self._count_published(state, dirname, items, kept)
+                unread.extend(self._count_published(state, dirname, items, kept))
             return kept
 
         try:
-            return self._locked(update)
+            result = self._locked(update)
         except OSError as error:
             if kept:
                 raise LedgerWriteError(error, kept) from error
             raise
+        if unread:
+            self._add_pending({dirname: sum(self._logical_of(dirname, name) for name in unread)})
+        return result
 
-    def _count_published(self, state: _State, dirname: str, items: list, kept: int) -> None:
+    def _count_published(self, state: _State, dirname: str, items: list, kept: int) -> list:
         """The namespace counts of a publication: every item when the bytes kept are all of
-        them (no system call), else those whose inode is at their name."""
+        them (no system call), else those whose inode is at their name. Items may carry
+        their logical bytes (a 4th element); the names of those that do not are returned,
+        to be read after the lock."""
         if not state.counts_complete:
-            return
+            return []
         if kept != sum(item[2] for item in items):
             items = [item for item in items if self.inode_of(dirname, item[0]) == item[1]]
             if sum(item[2] for item in items) != kept:
                 state.invalidate_counts()  # bytes kept that no item explains
-                return
-        logical = sum(
-            item[3] if len(item) > 3 else self._logical_of(dirname, item[0]) for item in items
-        )
+                return []
+        logical = sum(item[3] for item in items if len(item) > 3)
         state.count_added(dirname, len(items), kept, logical, time.time_ns())
+        return [item[0] for item in items if len(item) <= 3]
+
+    def _add_pending(self, logical_by_dirname: dict[str, int]) -> None:
+        with self._pending_lock:
+            for dirname, logical in logical_by_dirname.items():
+                self._pending_logical[dirname] = self._pending_logical.get(dirname, 0) + logical
 
     def _mine_entry(self, state: _State) -> None:
         if self._mine:
@@ -800,7 +823,7 @@ class Ledger:
 
     def close(self) -> None:
         if self._fd is not None:
-            if not self._read_only and self._mine:
+            if not self._read_only and (self._mine or self._pending_logical):
                 self._mine = 0
                 with contextlib.suppress(OSError):
                     self._locked(lambda state: None)
