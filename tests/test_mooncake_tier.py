@@ -136,7 +136,7 @@ def test_options_require_master_and_hostname_and_an_object():
         MooncakeOptions.from_config(["127.0.0.1:1"])
 
 
-MODULES = ("buffers", "connection", "counts", "integrity", "reads", "tier", "writes")
+MODULES = ("buffers", "connection", "integrity", "reads", "tier", "writes")
 
 
 def test_modules_import_without_torch_or_sglang():
@@ -609,3 +609,32 @@ def test_a_put_shares_the_bytes_it_wrote_once_and_a_present_record_not_again(
     finally:
         writer.close()
         reader.close()
+
+
+def test_a_bug_is_counted_and_logged_by_the_stores_rule_in_the_tier(tmp_path, make_tier, caplog):
+    """One rule for a bug caught and not raised (telemetry.metrics.count_bug), in the store's
+    writer and in the Mooncake client alike: unexpected_errors, and a warning with its
+    traceback at most once per topic and interval (the tier logged an error once per call
+    site, forever, by a rule of its own)."""
+    import logging
+
+    from hicache_galahad.record.namespace import Namespace
+    from hicache_galahad.store import RecordStore
+
+    skip_unless_mooncake()
+    tier = make_tier(MooncakeCluster(tmp_path / "down"), timeout_s=1)  # nothing started
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    namespace = Namespace("tenant", "fp", "kv", {"page": 1})
+    store.register_namespace(namespace)
+    try:
+        with caplog.at_level(logging.WARNING):
+            for _ in range(2):
+                assert tier.get_many(["x"], object()) == [None]  # a bug: len() of no list
+                assert store.put(namespace, "k", object()) is False  # a bug: no buffer
+        assert tier.counters()["unexpected_errors"] == 2
+        assert store.stats().counter("unexpected_errors") == 2
+        logged = [r for r in caplog.records if "unexpected" in r.getMessage()]
+        assert [(r.levelname, r.exc_info is not None) for r in logged] == [("WARNING", True)] * 2
+        assert {r.name for r in logged} == {"hicache_galahad.store", tier._log.name}
+    finally:
+        store.close()

@@ -31,7 +31,7 @@ from ..errors import RefusedRequest
 from ..store import RecordStore
 from ..store.kvstore import KVStore, StoreStats
 from ..telemetry.exporter import Exporter
-from ..telemetry.metrics import Counters, RateLimitedLog
+from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .binding import KV, Binder, server_args
 from .transfer import PageTransfer, exact_page_bytes, flat_target
 
@@ -120,8 +120,7 @@ class GalahadStorage(HiCacheStorage):
         if isinstance(error, RefusedRequest):
             self._warn.warning(f"{where}-refused", "galahad: %s: %s; a miss", what, error)
             return
-        self.counters.add("unexpected_errors")
-        self._warn.warning(where, "galahad: %s (%r); a miss", what, error, exc_info=True)
+        count_bug(self.counters, self._warn, where, "galahad: %s (%r); a miss", what, error)
 
     def __init__(self, storage_config, extra_kwargs=None):
         self._warn = RateLimitedLog(log)

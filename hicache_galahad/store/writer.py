@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from ..record import format as fmt
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog
+from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .budget import Budget
 from .eviction import LruIndex
 from .layout import StoreLayout, record_filename
@@ -274,9 +274,12 @@ class RecordWriter:
         except Exception as error:
             if isinstance(args[0], _Staged):
                 args[0].abandon()
-            self.counters.add("unexpected_errors")
-            self.warn.warning(
-                "write-bug", "galahad: unexpected write failure: %r", error, exc_info=True
+            count_bug(
+                self.counters,
+                self.warn,
+                "write-bug",
+                "galahad: unexpected write failure: %r",
+                error,
             )
             return False
 

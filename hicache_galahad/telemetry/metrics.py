@@ -1,4 +1,11 @@
-"""Counters and rate-limited warnings (no I/O beyond logging)."""
+"""Counters and rate-limited warnings (no I/O beyond logging).
+
+Two registries declare every counter, each with what it counts: COUNTERS (and failed_<rule>)
+for the store, the adapter and the tier over them, which share one `Counters`; TIER_COUNTERS
+for the Mooncake client's own (`MooncakeTier.counters()`, shown as `mooncake_tier_<name>`).
+tests/test_counters.py checks that the code counts under declared names only. A bug caught
+and not raised is counted and logged by one rule, `count_bug`.
+"""
 
 from __future__ import annotations
 
@@ -7,8 +14,7 @@ import threading
 import time
 
 # The registry: every counter the store, the adapter and the tier over it keep in one
-# `Counters`, with what it counts. tests/test_counters.py checks that the code counts under
-# these names only (the Mooncake client's own counters are tier/mooncake/counts.py's).
+# `Counters`, with what it counts.
 COUNTERS = {
     "puts": "records published",
     "puts_existing": "puts skipped: a sound record of that key was already there",
@@ -76,6 +82,33 @@ COUNTER_NAMES = (
 )
 assert set(COUNTER_NAMES) <= set(COUNTERS)
 
+# The Mooncake client's own counters (tier/mooncake/), all reported from its start.
+TIER_COUNTERS = {
+    "gets": "keys asked for by get_many",
+    "hits": "keys whose value was read",
+    "misses": "keys absent, empty, or larger than the caller's max_bytes",
+    "get_errors": "keys a Mooncake read failed for (any other negative code)",
+    "get_skipped": "keys not asked for: the tier was unavailable",
+    "get_spilled": "keys read into temporary memory: the read buffer was held by earlier values",
+    "timeouts": "calls that ran past timeout_s",
+    "exists_calls": "calls of exists_many",
+    "put_enqueued": "values queued for a put",
+    "put_dropped": "values not queued: the queue full, or larger than the transfer buffer",
+    "put_skipped": "puts not made: the tier unavailable when queued or when the writer got to it",
+    "put_ok": "values put",
+    "put_exists": "puts of a key that already held a value (first writer wins): nothing written",
+    "put_failed": "puts Mooncake refused",
+    "put_no_space": "of those, puts refused because Mooncake's memory is full",
+    "put_bytes": "bytes put",
+    "removes": "removes asked for",
+    "remove_failed": "removes Mooncake refused",
+    "connects": "successful setup() calls",
+    "connect_failures": "setup() calls that failed",
+    "disconnects": "transitions to down",
+    "reconnects": "transitions back to up",
+    "unexpected_errors": "bugs caught (never raised): nothing else is counted here",
+}
+
 
 def failed(rule: str) -> str:
     """The counter of records that broke `rule` (a KeyError for a rule that does not exist)."""
@@ -86,11 +119,12 @@ def failed(rule: str) -> str:
 
 
 class Counters:
-    """Thread-safe monotonically increasing counters."""
+    """Thread-safe monotonically increasing counters; `reported` are there from the start, at
+    zero (the store's COUNTER_NAMES, or a registry such as TIER_COUNTERS)."""
 
-    def __init__(self):
+    def __init__(self, reported=COUNTER_NAMES):
         self._lock = threading.Lock()
-        self._values = dict.fromkeys(COUNTER_NAMES, 0)
+        self._values = dict.fromkeys(reported, 0)
 
     def add(self, name: str, amount: int = 1) -> None:
         with self._lock:
@@ -105,6 +139,15 @@ class Counters:
     def snapshot(self) -> dict:
         with self._lock:
             return dict(self._values)
+
+
+def count_bug(counters: Counters, warn: RateLimitedLog, topic: str, message: str, *args) -> None:
+    """The one rule for a bug caught and not raised (never damage, an I/O error or a refused
+    argument; called in its `except` block): counted in unexpected_errors, and logged as a
+    warning with its traceback at most once per topic in `warn`'s interval (the next line
+    says how many were held back)."""
+    counters.add("unexpected_errors")
+    warn.warning(topic, message, *args, exc_info=True)
 
 
 class RateLimitedLog:

@@ -59,7 +59,7 @@ def shared_key(namespace: Namespace, key: str) -> str:
 @dataclass(frozen=True)
 class TieredStats(StoreStats):
     """The local store's stats and the Mooncake client's own counters (`shared`: the names
-    of tier/mooncake/counts.py, `queued_bytes` and `available`), which as_dict() names
+    of telemetry/metrics.py TIER_COUNTERS, `queued_bytes` and `available`), which as_dict() names
     `mooncake_tier_<name>`."""
 
     shared: Mapping[str, int] = field(default_factory=dict)

@@ -19,12 +19,12 @@ import sys
 import threading
 
 from ...config.mooncake import MooncakeOptions
-from ...telemetry.metrics import RateLimitedLog
-from .counts import TierCounts
+from ...telemetry.metrics import Counters, RateLimitedLog, count_bug
 
 RPC_FAIL = -900  # Mooncake: the master is unreachable
 NO_SPACE = -200  # Mooncake: no segment has room
 NOT_FOUND = -704
+BUG_MESSAGE = "galahad: unexpected failure in the Mooncake tier's %s"  # count_bug's line
 _PROBE_INTERVAL_S = 1.0
 _BACKOFF_MIN_S = 0.25
 _BACKOFF_MAX_S = 4.0
@@ -122,7 +122,7 @@ class MooncakeConnection:
     each new client (made once, on the first connect, off the caller's path).
     """
 
-    def __init__(self, options: MooncakeOptions, logger, counts: TierCounts, make_buffers):
+    def __init__(self, options: MooncakeOptions, logger, counts: Counters, make_buffers):
         self.options = options
         self._log = logger
         self._warn = RateLimitedLog(logger, interval_s=30.0)
@@ -138,6 +138,10 @@ class MooncakeConnection:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _bug(self, where: str) -> None:
+        """A bug caught in `where` (metrics.count_bug: counted, logged with its traceback)."""
+        count_bug(self._counts, self._warn, f"bug-{where}", BUG_MESSAGE, where)
 
     def join(self, timeout_s: float) -> bool:
         """Waits for the thread (after `closed`); whether it has ended."""
@@ -177,7 +181,7 @@ class MooncakeConnection:
                     self._sleep(_PROBE_INTERVAL_S if self.is_up else backoff_s)
                     backoff_s = _BACKOFF_MIN_S if self.is_up else min(backoff_s * 2, _BACKOFF_MAX_S)
             except Exception:
-                self._counts.unexpected("connector")
+                self._bug("connector")
                 self._sleep(_BACKOFF_MAX_S)
 
     def _sleep(self, seconds: float) -> None:

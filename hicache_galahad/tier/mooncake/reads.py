@@ -20,10 +20,9 @@ from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 from concurrent.futures import wait as futures_wait
 
-from ...telemetry.metrics import RateLimitedLog
+from ...telemetry.metrics import Counters, RateLimitedLog
 from .buffers import ReadBuffer, RegisteredBuffer, aligned, chunks, read_only
 from .connection import NOT_FOUND, RPC_FAIL, MooncakeConnection
-from .counts import TierCounts
 
 
 class Worker:
@@ -61,7 +60,7 @@ class BoundedReads:
     """The tier's reads: `values` (get_many) and `exists` (exists_many), never past timeout_s."""
 
     def __init__(
-        self, connection: MooncakeConnection, counts: TierCounts, warn: RateLimitedLog, available
+        self, connection: MooncakeConnection, counts: Counters, warn: RateLimitedLog, available
     ):
         self._connection = connection
         self._counts = counts

@@ -3,19 +3,20 @@
 `MooncakeTier` holds opaque values under the caller's keys in a Mooncake Store cluster. It never
 raises into the caller and never blocks it past `timeout_s`. It is a thin class over its parts:
 
-- mooncake_connection.py: a thread calls Mooncake's `setup()` only once the master's TCP port
+- connection.py: a thread calls Mooncake's `setup()` only once the master's TCP port
   answers and a child process's `setup()` has just completed (`setup()` blocks holding the GIL),
   then watches the master and marks the tier down or up again.
-- mooncake_reads.py: reads run on one worker thread, each call waited for at most `timeout_s`;
+- reads.py: reads run on one worker thread, each call waited for at most `timeout_s`;
   a call that overruns marks the tier unavailable until it returns. Values are read with
   `batch_get_into` into the registered read buffer, copied at once into a private buffer no
-  peer can write, and handed over from there, read-only (mooncake_buffers.py), so neither a
+  peer can write, and handed over from there, read-only (buffers.py), so neither a
   late call nor a peer ever writes into memory the caller sees.
-- mooncake_writes.py: writes go through a byte-bounded queue to a writer thread
+- writes.py: writes go through a byte-bounded queue to a writer thread
   (`batch_is_exist`, then `batch_put_from` from a registered buffer). A full queue drops the
   value.
-- mooncake_counts.py: what happened, counted.
-- mooncake_integrity.py: the cluster integrity key (`integrity_key_file`), read first, before
+- what happened is counted in a `Counters` over telemetry/metrics.py TIER_COUNTERS, and a bug
+  caught by metrics.count_bug, the store's rule.
+- integrity.py: the cluster integrity key (`integrity_key_file`), read first, before
   any thread starts (a bad key file is a KeyFileError from the constructor); `value_tag` is
   what the TieredStore tags and checks values with (None without the option).
 
@@ -30,14 +31,13 @@ import logging
 import time
 
 from ...config.mooncake import MooncakeConfigError, MooncakeOptions
-from ...telemetry.metrics import RateLimitedLog
-from .connection import MooncakeConnection
-from .counts import COUNTER_NAMES, TierCounts
+from ...telemetry.metrics import TIER_COUNTERS, Counters, RateLimitedLog, count_bug
+from .connection import BUG_MESSAGE, MooncakeConnection
 from .integrity import ValueTag, load_integrity_key
 from .reads import BoundedReads
 from .writes import WriteBehind
 
-__all__ = ["MooncakeConfigError", "MooncakeOptions", "MooncakeTier", "COUNTER_NAMES"]
+__all__ = ["MooncakeConfigError", "MooncakeOptions", "MooncakeTier"]
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ class MooncakeTier:
         self.value_tag = ValueTag(load_integrity_key(path)) if path is not None else None
         self._log = logger or log
         self._warn = RateLimitedLog(self._log, interval_s=30.0)
-        self._counts = TierCounts(self._log)
+        self._counts = Counters(TIER_COUNTERS)  # telemetry/metrics.py: the tier's registry
         self._connection = MooncakeConnection(options, self._log, self._counts, self._buffers)
         self._reads = BoundedReads(
             self._connection, self._counts, self._warn, lambda: self.available
@@ -59,6 +59,10 @@ class MooncakeTier:
         self._writes = WriteBehind(self._connection, self._counts, self._warn)
         self._connection.start()
         self._writes.start()
+
+    def _bug(self, where: str) -> None:
+        """A bug caught in `where` (metrics.count_bug: counted, logged with its traceback)."""
+        count_bug(self._counts, self._warn, f"bug-{where}", BUG_MESSAGE, where)
 
     def _buffers(self) -> list:
         """What each new client registers (made on the first connect, in the connector)."""
@@ -102,7 +106,7 @@ class MooncakeTier:
                 else:
                     results = done
         except Exception:
-            self._counts.unexpected("get_many")
+            self._bug("get_many")
         return results
 
     def exists_many(self, keys: list[str]) -> list[bool]:
@@ -113,7 +117,7 @@ class MooncakeTier:
             if found is not None:
                 return found
         except Exception:
-            self._counts.unexpected("exists_many")
+            self._bug("exists_many")
         return [False] * len(keys)
 
     def put_async(self, key: str, value: bytes | memoryview) -> bool:
@@ -124,7 +128,7 @@ class MooncakeTier:
                 return False
             return self._writes.put(key, value)
         except Exception:
-            self._counts.unexpected("put_async")
+            self._bug("put_async")
             return False
 
     def remove(self, key: str) -> None:
@@ -133,7 +137,7 @@ class MooncakeTier:
             if self.available:
                 self._writes.remove(key)
         except Exception:
-            self._counts.unexpected("remove")
+            self._bug("remove")
 
     def flush(self, timeout_s: float) -> bool:
         """Waits until every queued put and remove has been tried; False on timeout."""

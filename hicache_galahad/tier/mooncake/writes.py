@@ -13,10 +13,9 @@ import collections
 import threading
 import time
 
-from ...telemetry.metrics import RateLimitedLog
+from ...telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .buffers import RegisteredBuffer, aligned
-from .connection import NO_SPACE, NOT_FOUND, RPC_FAIL, MooncakeConnection
-from .counts import TierCounts
+from .connection import BUG_MESSAGE, NO_SPACE, NOT_FOUND, RPC_FAIL, MooncakeConnection
 
 _MAX_PUT_BATCH = 256
 
@@ -24,7 +23,7 @@ _MAX_PUT_BATCH = 256
 class WriteBehind:
     """The queue of puts and removes (under `connection.state`) and its writer thread."""
 
-    def __init__(self, connection: MooncakeConnection, counts: TierCounts, warn: RateLimitedLog):
+    def __init__(self, connection: MooncakeConnection, counts: Counters, warn: RateLimitedLog):
         self._connection = connection
         self._state = connection.state
         self._counts = counts
@@ -43,6 +42,10 @@ class WriteBehind:
 
     def start(self) -> None:
         self._thread.start()
+
+    def _bug(self, where: str) -> None:
+        """A bug caught in `where` (metrics.count_bug: counted, logged with its traceback)."""
+        count_bug(self._counts, self._warn, f"bug-{where}", BUG_MESSAGE, where)
 
     def join(self, timeout_s: float) -> bool:
         """Waits for the thread (after `closed`); whether it has ended."""
@@ -105,7 +108,7 @@ class WriteBehind:
             try:
                 self._write_batch(batch)
             except Exception:
-                self._counts.unexpected("writer")
+                self._bug("writer")
             finally:
                 with self._state:
                     self.queued_bytes -= sum(len(d) for _, d in batch if d is not None)
