@@ -570,3 +570,27 @@ def test_metrics_export_the_tenants_pinned_bytes(galahad):
     backend.store.unpin(everything=True)
     backend.get_stats()
     assert REGISTRY.get_sample_value("galahad_pinned_bytes", labels) == 0
+
+
+def test_max_pinned_bytes_in_the_extra_config_is_checked_at_start():
+    from hicache_galahad.config.options import parse_options
+
+    options = parse_options({"max_bytes": "1MiB", "max_pinned_bytes": "256KiB"})
+    assert options.store.max_pinned_bytes == options.store.pin_limit_bytes == 256 * 1024
+    assert parse_options({"max_bytes": "1MiB"}).store.pin_limit_bytes == 512 * 1024
+    assert parse_options({"max_pinned_bytes": None}).store.pin_limit_bytes is None
+    for bad in ({"max_bytes": "1MiB", "max_pinned_bytes": "2MiB"}, {"max_pinned_bytes": -1}):
+        with pytest.raises(ConfigError, match="'max_pinned_bytes'"):
+            parse_options(bad)
+
+
+@pytest.mark.parametrize("durability", ["fsync", "deferred"])
+def test_durable_pins_round_trip(tmp_path, durability):
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability=durability) as store:
+        store.register_namespace(NS_A)
+        data = fill(store, NS_A, ["u-00", "u-01"])
+        assert store.pin(NS_A, list(data), "durable").pinned_records == 2
+    with RecordStore(root, durability=durability) as store:
+        assert store.pinned_bytes_by_tenant() == pins_truth(root)
+        assert store.unpin(tenant="tenant-a") == 2 * record_bytes("u-00")

@@ -435,6 +435,18 @@ class Pins:
         state["journal"] = journal
         self._write_state(dirs, state)
 
+    def _settle(self, dirs: _Dirs, state: dict, changed: list[tuple]) -> None:
+        """Clears the journal with the new counts, once the links of `changed` directories
+        are durable (a power loss then finds the journal, or links and counts that agree)."""
+        if self.durable:
+            for parts in changed:
+                fd = dirs.get(*parts)
+                if fd is not None:
+                    with contextlib.suppress(OSError):
+                        os.fsync(fd)
+        state["journal"] = None
+        self._write_state(dirs, state)
+
     # ------------------------------------------------------------- pinning
 
     def pin(self, namespace: Namespace, keys: list[str], document: str) -> PinResult:
@@ -588,12 +600,11 @@ class Pins:
             result.pinned_records += 1
             result.pinned_bytes += size
             self._count(state, tenant, size, 1)
-        state["journal"] = None
         if new:
-            self._write_state(dirs, state)
-            dirs.touched.update(
-                {(REFS_DIR, dirname), (RECORDS_DIR, dirname), (DOCS_DIR, doc, dirname)}
+            self._settle(
+                dirs, state, [(REFS_DIR, dirname), (RECORDS_DIR, dirname), (DOCS_DIR, doc, dirname)]
             )
+        dirs.touched.add((DOCS_DIR, doc, dirname))
 
     # ------------------------------------------------------------- unpinning
 
@@ -612,8 +623,8 @@ class Pins:
                 released = self._state_total(state)
                 self._journal(dirs, state, {"op": "all"})
                 self._remove_everything(dirs)
-                state["tenants"], state["journal"] = {}, None
-                self._write_state(dirs, state)
+                state["tenants"] = {}
+                self._settle(dirs, state, [()])
                 return released
             docs_fd = dirs.get(DOCS_DIR)
             if docs_fd is None:
@@ -704,8 +715,8 @@ class Pins:
                 self._count(state, tenant, -nbytes, -1)
                 released += nbytes
             if last:
-                state["journal"] = None
-                self._write_state(dirs, state)
+                changed = [(DOCS_DIR, doc, dirname), (RECORDS_DIR, dirname), (REFS_DIR, dirname)]
+                self._settle(dirs, state, changed)
         return released
 
     def _remove_everything(self, dirs: _Dirs) -> None:
@@ -789,8 +800,7 @@ class Pins:
                     _unlink(filename, refs_fd)
                     self._count(state, tenant, -nbytes, -1)
                     released += nbytes
-                state["journal"] = None
-                self._write_state(dirs, state)
+                self._settle(dirs, state, [(RECORDS_DIR, dirname), (REFS_DIR, dirname)])
         if released and self.counters is not None:
             self.counters.add("pins_dropped_bytes", released)
         return released
