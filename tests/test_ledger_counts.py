@@ -307,3 +307,23 @@ def test_format_doc_names_the_ledger_as_the_code_writes_it():
         "M",
     }
     assert all(f"`{kind}`" in section for kind in "PDQM")
+
+
+def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
+    """A recount runs under the ledger's lock: a stat per record, but the headers of at most
+    LOGICAL_SAMPLE_RECORDS per namespace (logical bytes of the rest at the sample's ratio)."""
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 40)
+        monkeypatch.setattr(accounting, "LOGICAL_SAMPLE_RECORDS", 8)
+        reads = []
+        real = store.accounting._logical_of
+        monkeypatch.setattr(
+            store.accounting, "_logical_of", lambda *args: reads.append(args) or real(*args)
+        )
+        store.rebuild_ledger()
+        assert len(reads) == 8
+        assert kept_counts(store) == disk_counts(root)
+        count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
+        assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
