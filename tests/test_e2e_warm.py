@@ -25,7 +25,6 @@ from hicache_galahad.store import RecordStore
 pytestmark = pytest.mark.e2e
 
 PAGE_SIZE = 4
-HAS_PINS = hasattr(RecordStore, "pin")
 TEXT = (
     "The pilgrims reached the chapel at dusk. The knight kept watch over the vessel all night, "
     "and in the morning the abbot wrote down what he had seen, word for word, in the book."
@@ -71,17 +70,16 @@ def test_llama_warm_pin_sigkill_restart_ready(tiny_model, tmp_path):
         num_pages = len(ids) // PAGE_SIZE
         warm = galahad(
             "warm", "--server", server.url, "--root", str(root), "--json", str(doc),
-            *(["--pin"] if HAS_PINS else []),
+            "--pin",
         )  # fmt: skip
         assert warm.returncode == 0, warm.stdout + warm.stderr
         (report,) = json.loads(warm.stdout)["documents"]
         assert report["complete"] and report["tokens"] == len(ids)
         assert report["pages_stored"] == report["pages_expected"] == num_pages
         assert report["requests"] == 1 and report["attempts"] == 1
-        if HAS_PINS:
-            pinned = report["pinned"]
-            assert pinned["pinned_records"] + pinned["already_pinned_records"] == num_pages
-            assert pinned["missing_keys"] == 0 and pinned["refused_keys"] == 0
+        pinned = report["pinned"]
+        assert pinned["pinned_records"] + pinned["already_pinned_records"] == num_pages
+        assert pinned["missing_keys"] == 0 and pinned["refused_keys"] == 0
         # warming it again sends nothing: every page is already there
         again = galahad("warm", "--server", server.url, "--json", str(doc))
         assert again.returncode == 0, again.stderr
@@ -104,6 +102,8 @@ def test_llama_warm_pin_sigkill_restart_ready(tiny_model, tmp_path):
         expected = (len(ids) - 1) // PAGE_SIZE * PAGE_SIZE  # strict prefix, whole pages
         assert state["restorable_tokens"] == expected
         assert state["continuation_tokens"] == num_pages * PAGE_SIZE
+        with RecordStore(str(root), read_only=True) as store:  # the pins outlived the kill
+            assert store.pinned_bytes_by_tenant()["default"] >= num_pages * 1024
         (api,) = hicache_galahad.ready(server.url, [doc], root=str(root))
         assert api.restorable_tokens == expected
         result = e2e.generate(server, ids, 4)
