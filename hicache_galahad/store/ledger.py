@@ -13,14 +13,14 @@ The namespace counts (what `galahad stats` prints without walking a record) chan
 locked section, and under the same journal, as committed bytes: publish, apply (deletions,
 quarantine moves and trims), rebuild. Quarantined files count under the pseudo-namespace
 QUARANTINE_DIRNAME, so when the counts are complete their bytes sum to committed bytes exactly.
-Logical bytes are an estimate between recounts (exact at each): a publication's are read
-from the records' headers just after its locked section (never a read under the lock) and
-added in that process's next one (a process killed in between leaves them out), and a
-deletion takes away the namespace's mean logical/disk share of what it freed (no read of a
-victim's header). A ledger without counts (written before they existed) is
-read as ever, with the counts incomplete until the next rebuild fills them; a count that would
-go negative, or a change that cannot be attributed to a namespace, also marks them incomplete
-(never a wrong figure shown as exact).
+Logical bytes are an estimate: a publication's are read from the records' headers just
+after its locked section (never a read under the lock) and added in that process's next one
+(a process killed in between leaves them out); a deletion takes away the namespace's mean
+logical/disk share of what it freed (no read of a victim's header); a recount reads the
+headers of a bounded sample per namespace (accounting.LOGICAL_SAMPLE_RECORDS). A ledger
+without counts (written before they existed) is read as ever, with the counts incomplete until
+the next rebuild fills them; a count that would go negative, or a change that cannot be
+attributed to a namespace, also marks them incomplete (never a wrong figure shown as exact).
 
 Committed bytes are the records and quarantined files on disk; each process's entry is what it
 has reserved for writes in flight. A put reserves first (failing if the total would pass the
