@@ -43,6 +43,7 @@ from sglang.srt.mem_cache.memory_pool import MHATokenToKVPool  # noqa: E402
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost  # noqa: E402
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory  # noqa: E402
 
+from bench import sglang_server  # noqa: E402
 from bench.bench_store import machine  # noqa: E402
 from bench.cold_cache import drop_cache, plain_read  # noqa: E402
 from bench.load import Neighbours, loadavg  # noqa: E402
@@ -82,19 +83,7 @@ def host_pool(layers, page_tokens, heads, head_dim, pages):
 
 
 def storage_config(extra: dict) -> HiCacheStorageConfig:
-    return HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=False,
-        model_name="bench-model",
-        extra_config=extra,
-    )
+    return sglang_server.storage_config(extra, model_name="bench-model", page_first=False)
 
 
 def galahad_backend(host, work: str, name: str, **options):

@@ -10,17 +10,15 @@ from __future__ import annotations
 import json
 import os
 import shlex
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
 import requests
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO_ROOT / "tests"))
+from bench import sglang_server as e2e  # the server harness the end-to-end tests use too
 
-import e2e_support as e2e  # noqa: E402
+REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
 def has_gpu() -> bool:
@@ -33,14 +31,8 @@ def has_gpu() -> bool:
 
 
 def galahad_config(root: Path, **options) -> dict:
-    return {
-        "backend_name": "galahad",
-        "module_path": "hicache_galahad",
-        "class_name": "GalahadStorage",
-        "interface_v1": 1,
-        "root": str(root),
-        **options,
-    }
+    """GalahadStorage's extra config for a benchmark server: the zero-copy interface (v1)."""
+    return e2e.galahad_config(root, **{"interface_v1": 1, **options})
 
 
 def server_args(

@@ -1,8 +1,12 @@
-"""Helpers for end-to-end tests that start a real SGLang server on CPU.
+"""Real SGLang servers for the end-to-end tests and the benchmarks (tests import this module as
+``e2e_support``: tests/e2e_support.py makes that name this module).
 
-The server runs under ``tests/sglang_cpu/run`` (the CPU test harness: python-only ``sgl_kernel``
+A server runs under ``tests/sglang_cpu/run`` (the CPU test harness: python-only ``sgl_kernel``
 stand-in, ``SGLANG_USE_CPU_ENGINE=1`` and the opt-in runtime patches; see
-``tests/sglang_cpu/README.md``). Test-only code: nothing here is part of the shipped package.
+``tests/sglang_cpu/README.md``), or with stock SGLang (``harness=False``, the GPU benchmarks).
+Test and benchmark code: nothing here is part of the shipped package. Imports no module of
+tests/ (it runs tests/sglang_cpu/ files as programs only), nor SGLang except in
+``storage_config``.
 
 Typical use::
 
@@ -154,6 +158,35 @@ def galahad_config(root: Path | str, **options: Any) -> dict[str, Any]:
     """The extra config that loads GalahadStorage through SGLang's ``dynamic`` storage backend
     (server flag or ``StorageBackendFactory``): the class, the store root, then ``options``."""
     return {**GALAHAD_CLASS, "root": str(root), **options}
+
+
+def storage_config(
+    extra_config: dict | None = None,
+    *,
+    model_name: str | None = None,
+    tp_rank: int = 0,
+    tp_size: int = 1,
+    is_mla_model: bool = False,
+    metrics: bool = False,
+    page_first: bool = True,
+):
+    """The HiCacheStorageConfig that SGLang hands a storage backend in process (one rank, no
+    pipeline or context parallelism); the one builder of the tests and the benchmarks."""
+    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+
+    return HiCacheStorageConfig(
+        tp_rank=tp_rank,
+        tp_size=tp_size,
+        pp_rank=0,
+        pp_size=1,
+        attn_cp_rank=0,
+        attn_cp_size=1,
+        is_mla_model=is_mla_model,
+        enable_storage_metrics=metrics,
+        is_page_first_layout=page_first,
+        model_name=model_name,
+        extra_config=extra_config,
+    )
 
 
 def galahad_args(

@@ -313,18 +313,9 @@ def sglang_storage():
 
 def hicache_file_exists_v2(storage, num_keys, num_kv_pages, states, num_trailing_keys):
     """Run SGLang's own HiCacheFile.batch_exists_v2 over files laid out on disk."""
-    config = storage.HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=True,
-        model_name="checkpoint-test",
-    )
+    from e2e_support import storage_config
+
+    config = storage_config(model_name="checkpoint-test")
     with tempfile.TemporaryDirectory() as directory:
         backend = storage.HiCacheFile(config, file_path=directory)
         keys = [f"{index:064x}" for index in range(num_keys)]

@@ -16,6 +16,7 @@ import contextlib
 
 import torch
 from e2e_support import galahad_config
+from e2e_support import storage_config as _storage_config
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageConfig,
@@ -192,18 +193,15 @@ def storage_config(
     metrics: bool = False,
     page_first: bool = True,
 ) -> HiCacheStorageConfig:
-    return HiCacheStorageConfig(
+    """bench/sglang_server.py's builder, with this module's model name by default."""
+    return _storage_config(
+        extra_config,
+        model_name=model_name,
         tp_rank=tp_rank,
         tp_size=tp_size,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
         is_mla_model=is_mla_model,
-        enable_storage_metrics=metrics,
-        is_page_first_layout=page_first,
-        model_name=model_name,
-        extra_config=extra_config,
+        metrics=metrics,
+        page_first=page_first,
     )
 
 
