@@ -35,7 +35,6 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import hicache_galahad  # noqa: E402
 from bench import serving  # noqa: E402

@@ -254,3 +254,33 @@ def test_as_target_refuses_other_things():
     assert warm.as_target("http://x:1/").url == "http://x:1"
     with pytest.raises(TypeError):
         warm.as_target(42)
+
+
+# ----------------------------------------------------------------------------- sections
+
+
+def test_section_prefixes_are_the_prefixes_blaise_prompt_composes(tiny_model, tmp_path):
+    """`--sections` warms, per section, exactly the page-aligned prefix of the prompt that
+    `Blaise.prompt` sends for a question about that section (same tokenizer, same segmentation,
+    the document named by its path)."""
+    from transformers import AutoTokenizer
+
+    from hicache_galahad.blaise import Blaise
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny_model))
+    text = "\n\n".join(
+        f"# Part {n}\n\n" + " ".join(f"word{n}x{i} about the chapel" for i in range(120))
+        for n in range(4)
+    )
+    name = str(tmp_path / "handbook.md")
+    prefixes = warm.section_prefixes(warm.Document(name, text), tokenizer, 16)
+    with Blaise(str(tmp_path / "memory")) as memory:
+        sections = memory.add(name, text)
+        assert len(prefixes) == len(sections) > 1
+        for number, prefix in enumerate(prefixes, 1):
+            found = [
+                s for s in memory.select(f"word{number - 1}x5 chapel", 8) if s.number == number
+            ]
+            prompt = memory.prompt("what?", tokenizer, page_size=16, selection=found[0])
+            assert prefix.token_ids == prompt.input_ids[: prompt.prefix_len]
+            assert len(prefix.token_ids) % 16 == 0 and prefix.name == f"{name}#{number}"
