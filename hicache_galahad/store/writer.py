@@ -15,6 +15,9 @@ A caller may pass a publish hook (`on_published`, the shared tier's): after each
 handed, for the records this put linked into place (never those found already stored, by this
 put or by another writer), the exact bytes written to their files, so that nothing is encoded
 twice. The bytes are held from encoding until the hook returns, within the batch bounds below.
+The hook runs once the batch is linked; in "fsync" durability that is before the directory's
+fsync at the end of the put, so a record whose put then fails (returns False) may already be
+shared: a sound record of its key, which every reader verifies.
 """
 
 from __future__ import annotations
