@@ -97,3 +97,45 @@ def test_tiered_stats_add_the_mooncake_clients_counters():
     }
     for store_class in (RecordStore, TieredStore, KVStore):
         assert issubclass(typing.get_type_hints(store_class.stats)["return"], StoreStats)
+
+
+@pytest.mark.parametrize("compression", ["none", "zstd"])
+def test_the_publish_hook_gets_the_files_bytes_of_what_the_put_published_only(
+    tmp_path, compression
+):
+    """RecordStore.publish_many (the writer's publish hook, what a tier shares): the exact
+    bytes of each record the put linked into place, once; nothing for a record already stored;
+    a hook that raises is a bug counted, never a failed put."""
+    from hicache_galahad.record.namespace import Namespace
+
+    namespace = Namespace("tenant", "fp", "kv", {"page": 1})
+    pages = [bytes([index]) * 40000 for index in range(3)]
+    published = []
+
+    def hook(namespace_, records):
+        assert namespace_ == namespace
+        published.extend(
+            (key, b"".join(bytes(piece) for piece in pieces)) for key, pieces in records
+        )
+
+    store = RecordStore(str(tmp_path / "store"), durability="none", compression=compression)
+    try:
+        store.register_namespace(namespace)
+        assert store.put(namespace, "k0", pages[0])  # stored by a plain put first
+        keys = ["k0", "k1", "k2"]
+        assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
+        assert [key for key, _ in published] == ["k1", "k2"]
+        for key, record in published:
+            with open(store.record_file_path(namespace.dirname, key), "rb") as file:
+                assert file.read() == record
+        assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
+        assert len(published) == 2  # all there: nothing published, nothing handed over
+
+        def broken(namespace_, records):
+            raise RuntimeError("a bug in the hook")
+
+        assert store.publish_many(namespace, ["k3"], [pages[0]], broken) == [True]
+        assert store.stats().counter("unexpected_errors") == 1
+        assert store.get(namespace, "k3", len(pages[0])) == pages[0]
+    finally:
+        store.close()
