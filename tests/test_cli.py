@@ -3,6 +3,7 @@ healthy, damaged, empty, missing and encrypted; read-only commands change nothin
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -345,3 +346,46 @@ def test_fingerprint_prints_what_the_backend_computes(tmp_path):
     result = run_galahad("fingerprint", model)
     assert result.returncode == 0 and result.stdout.strip() == fingerprint_model_dir(str(model))
     assert run_galahad("fingerprint", tmp_path / "absent").returncode == 2
+
+
+def test_verify_on_a_terminal_shows_a_bar_sized_from_the_ledger(tmp_path):
+    """On a terminal (a real pseudo-terminal here) verify's progress bar is sized from the
+    ledger's counts, not from a walk before the walk, and reaches exactly that total."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    root = tmp_path / "store"
+    write_store(root)
+    total = sum(
+        ns["disk_bytes"]
+        for ns in as_json(run_galahad("stats", "--root", root, "--json"))["namespaces"]
+    )
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 120, 0, 0))  # 120 columns
+    try:
+        result = subprocess.run(
+            [sys.executable, "-m", "hicache_galahad", "verify", "--root", str(root)],
+            stdout=subprocess.PIPE,
+            stderr=slave,
+            timeout=120,
+            cwd=REPO_ROOT,
+        )
+        os.close(slave)
+        slave = None
+        shown = b""
+        with contextlib.suppress(OSError):
+            while chunk := os.read(master, 65536):
+                shown += chunk
+    finally:
+        if slave is not None:
+            os.close(slave)
+        os.close(master)
+    assert result.returncode == 0, result.stdout
+    text = shown.decode("utf-8", "replace")
+    assert "verify: 100%" in text, text
+    from tqdm import tqdm
+
+    size = tqdm.format_sizeof(total)
+    assert f"0.00/{size}" in text and f"{size}/{size}" in text, (text, total)  # known at 0%
