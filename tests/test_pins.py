@@ -594,3 +594,73 @@ def test_durable_pins_round_trip(tmp_path, durability):
     with RecordStore(root, durability=durability) as store:
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
         assert store.unpin(tenant="tenant-a") == 2 * record_bytes("u-00")
+
+
+def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path, monkeypatch):
+    """Pinned records fill 90% of the budget and of the directory: each put still evicts a
+    loose record after reading a bounded number of directory entries (the sample walks on
+    past pinned files; no listing of the pins), and no pinned record goes."""
+    root = str(tmp_path / "store")
+    raw, count = 200, 3000
+    size = record_bytes(f"{0:064x}", raw)
+    max_bytes = count * size
+    keys = [f"{i:064x}" for i in range(count)]
+    with RecordStore(
+        root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
+    ) as store:
+        store.register_namespace(NS_A)
+        for start in range(0, count, 32):
+            batch = keys[start : start + 32]
+            assert all(store.put_many(NS_A, batch, [content(k, raw) for k in batch]))
+        rng = random.Random(5)
+        pinned = [key for key in keys if rng.random() < 0.9]
+        assert store.pin(NS_A, pinned, "most").pinned_records == len(pinned)
+    read = [0]
+    real_scandir = os.scandir
+
+    class Counting:
+        def __init__(self, listing):
+            self._listing = listing
+
+        def __iter__(self):
+            return self
+
+        def __next__(self):
+            entry = next(self._listing)
+            read[0] += 1
+            return entry
+
+        def close(self):
+            self._listing.close()
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.close()
+
+    with RecordStore(
+        root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
+    ) as store:
+        monkeypatch.setattr(os, "scandir", lambda *a, **k: Counting(real_scandir(*a, **k)))
+        real_listdir = os.listdir
+
+        def listdir(*args, **kwargs):
+            names = real_listdir(*args, **kwargs)
+            read[0] += len(names)
+            return names
+
+        monkeypatch.setattr(os, "listdir", listdir)
+        most = 0
+        for index in range(40):
+            new = f"{count + index:064x}"
+            read[0] = 0
+            assert store.put(NS_A, new, content(new, raw))
+            most = max(most, read[0])
+        monkeypatch.undo()
+        counters = store.counters.snapshot()
+        assert counters["evictions"] >= 40
+        assert counters.get("eviction_misses", 0) == 0  # the sample never offered a pin
+        assert most <= 2_000, most
+    with RecordStore(root, durability="none") as store:
+        assert all(store.contains(NS_A, key) for key in pinned)
