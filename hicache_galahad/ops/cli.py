@@ -1,7 +1,7 @@
 """The `galahad` command (also `python -m hicache_galahad`): see what a store holds, prove it is
 healthy, clean it, and run the demo.
 
-    galahad stats   --root DIR [--json]
+    galahad stats   --root DIR [--exact | --recount] [--json]
     galahad verify  --root DIR [--fix] [--tenant T] [--encryption-key-file F] [--json]
     galahad purge   --root DIR (--tenant T | --model-fingerprint F | --older-than D) [--dry-run]
     galahad gc      --root DIR [--max-bytes N]
