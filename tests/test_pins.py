@@ -139,6 +139,8 @@ elif role == "pin":  # pins documents of `keys` in a loop; with `die_after`, SIG
         store.pin(NS_A, keys[loop % 3::2], f"doc-{loop % 4}")
         if loop % 3 == 2:
             store.unpin(document=f"doc-{(loop + 1) % 4}")
+        if loop % 4 == 1:  # a pinned record deleted: its pin is dropped
+            store.delete(NS_A, keys[loop % len(keys)])
     print("done", flush=True)
 """
 
@@ -435,18 +437,21 @@ def test_a_dead_writers_temp_link_does_not_miscount_a_pin(tmp_path):
 # ----------------------------------------------------------------------------- SIGKILL
 
 
-def _check_after_kill(root, keys) -> None:
+def _check_after_kill(root, keys, raw: int) -> None:
     with RecordStore(root, durability="none") as store:
         counted = store.pinned_bytes_by_tenant()  # takes the lock: finishes the journal
         assert state(root)["journal"] is None
         assert counted == pins_truth(root)
-        for key in keys:  # every record link is the record
+        for key in keys:  # every record link is the record (a deleted record: no link)
             link = os.path.join(root, "pins", "records", NS_A.dirname, record_filename(key))
             if os.path.exists(link):
                 assert os.stat(link).st_ino == os.stat(record_path(root, NS_A, key)).st_ino
         store.unpin(everything=True)
         assert store.pinned_bytes_by_tenant() == {} == pins_truth(root)
-        assert all(os.stat(record_path(root, NS_A, k)).st_nlink == 1 for k in keys)
+        present = [k for k in keys if os.path.exists(record_path(root, NS_A, k))]
+        assert all(os.stat(record_path(root, NS_A, k)).st_nlink == 1 for k in present)
+        assert store.usage_bytes() == store_disk_bytes(root)  # the ledger agrees too
+        fill(store, NS_A, keys, raw=raw)  # the next run starts with every record
 
 
 def test_a_pin_killed_at_every_step_leaves_exact_counts(tmp_path):
@@ -455,8 +460,8 @@ def test_a_pin_killed_at_every_step_leaves_exact_counts(tmp_path):
         store.register_namespace(NS_A)
         keys = list(fill(store, NS_A, [f"k-{i:02d}" for i in range(6)], raw=2_000))
     steps = 0
-    for die_after in range(0, 80, 3):
-        _check_after_kill(root, keys)  # (and starts each run from no pins)
+    for die_after in range(0, 90, 2):
+        _check_after_kill(root, keys, 2_000)  # (and starts each run from no pins)
         process = child("pin", root, json.dumps(keys), die_after, 8)
         out, err = process.communicate(timeout=60)
         if process.returncode == 0:
@@ -464,7 +469,7 @@ def test_a_pin_killed_at_every_step_leaves_exact_counts(tmp_path):
             break
         assert process.returncode == -signal.SIGKILL, err
         steps += 1
-        _check_after_kill(root, keys)
+        _check_after_kill(root, keys, 2_000)
     assert steps >= 10  # it really died in the middle, at many steps
 
 
@@ -485,7 +490,7 @@ def test_pins_killed_at_random_moments_and_reopened_stay_exact(tmp_path):
         with RecordStore(root, durability="none") as store:
             assert store.pinned_bytes_by_tenant() == pins_truth(root)
             assert state(root)["journal"] is None
-    _check_after_kill(root, keys)
+    _check_after_kill(root, keys, 1_000)
 
 
 # ----------------------------------------------------------------------------- links
