@@ -669,3 +669,16 @@ def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path,
         assert most <= 2_000, most
     with RecordStore(root, durability="none") as store:
         assert all(store.contains(NS_A, key) for key in pinned)
+
+
+def test_verify_fix_drops_the_pins_of_records_removed_by_hand(tmp_path):
+    root = str(tmp_path / "store")
+    size = record_bytes("v-00")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(NS_A)
+        fill(store, NS_A, ["v-00", "v-01"])
+        store.pin(NS_A, ["v-00", "v-01"], "doc")
+        os.unlink(record_path(root, NS_A, "v-00"))  # an operator's rm: the pin holds its bytes
+        assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size}
+        store.check(fix=True)
+        assert store.pinned_bytes_by_tenant() == {"tenant-a": size} == pins_truth(root)

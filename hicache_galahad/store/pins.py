@@ -807,6 +807,24 @@ class Pins:
 
     # ------------------------------------------------------------- what is pinned
 
+    def pinned_dirnames(self) -> list[str]:
+        """The namespace directories that hold pins (a listing of pins/records)."""
+        try:
+            pins_fd = self._pins_fd(False)
+        except OSError:
+            return []
+        if pins_fd is None:
+            return []
+        dirs = _Dirs(pins_fd)
+        try:
+            records_fd = dirs.get(RECORDS_DIR)
+            return sorted(n for n in os.listdir(records_fd) if _plain(n)) if records_fd else []
+        except OSError:
+            return []
+        finally:
+            dirs.close()
+            os.close(pins_fd)
+
     def by_tenant(self) -> dict[str, int]:
         """Pinned bytes per tenant (the state file: O(tenants), never a walk of records)."""
         if self.read_only:

@@ -407,10 +407,15 @@ class RecordStore:
     ) -> CheckReport:
         """Verifies every record of every namespace under root (or of `dirnames`). With fix:
         quarantines damaged records, removes temp files of dead writers and recounts the
-        ledger."""
-        return self.checker.check(
+        ledger, and drops the pins of records removed behind the store's back."""
+        report = self.checker.check(
             fix=fix and not self.read_only, on_record=on_record, dirnames=dirnames, threads=threads
         )
+        if fix and not self.read_only:
+            for dirname in self.pins.pinned_dirnames():
+                if dirnames is None or dirname in dirnames:
+                    self._drop_pin(dirname, None)
+        return report
 
     # ----------------------------------------------------------------- the operator's view
 
