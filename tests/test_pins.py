@@ -682,3 +682,17 @@ def test_verify_fix_drops_the_pins_of_records_removed_by_hand(tmp_path):
         assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size}
         store.check(fix=True)
         assert store.pinned_bytes_by_tenant() == {"tenant-a": size} == pins_truth(root)
+
+
+def test_two_processes_pinning_and_unpinning_shared_records_at_once_stay_exact(tmp_path):
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(NS_A)
+        keys = list(fill(store, NS_A, [f"w-{i:02d}" for i in range(12)], raw=1_000))
+    processes = [child("pin", root, json.dumps(keys), -1, 40) for _ in range(2)]
+    for process in processes:
+        out, err = process.communicate(timeout=120)
+        assert process.returncode == 0 and "done" in out, err
+    with RecordStore(root, durability="none") as store:
+        assert store.pinned_bytes_by_tenant() == pins_truth(root)
+        assert state(root)["journal"] is None
