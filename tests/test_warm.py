@@ -284,3 +284,24 @@ def test_section_prefixes_are_the_prefixes_blaise_prompt_composes(tiny_model, tm
             prompt = memory.prompt("what?", tokenizer, page_size=16, selection=found[0])
             assert prefix.token_ids == prompt.input_ids[: prompt.prefix_len]
             assert len(prefix.token_ids) % 16 == 0 and prefix.name == f"{name}#{number}"
+
+
+def test_an_engines_profile_comes_from_its_real_server_args(tiny_model):
+    """`warm(engine, ...)` reads SGLang's own ServerArgs, whose vars() is empty in 0.5.23
+    (a regression: the profile came out as page size 1 and no root, so no namespace matched).
+    The rest of the Engine path was run by hand against a real in-process Engine (report)."""
+    from types import SimpleNamespace
+
+    from sglang.srt.server_args import ServerArgs
+
+    extra = json.dumps({"root": "/srv/galahad", "tenant": "acme"})
+    args = ServerArgs(
+        model_path=str(tiny_model),
+        page_size=4,
+        device="cpu",
+        hicache_storage_backend_extra_config=extra,
+    )
+    engine = SimpleNamespace(server_args=args, generate=None, tokenizer_manager=None)
+    seen = warm.as_target(engine).profile()
+    assert (seen.page_size, seen.root, seen.tenant) == (4, "/srv/galahad", "acme")
+    assert seen.model_path == str(tiny_model)

@@ -278,7 +278,16 @@ class EngineTarget:
         args = getattr(self.engine, "server_args", None)
         if args is None:
             args = self.engine.tokenizer_manager.server_args
-        return ServerProfile.from_args(dict(vars(args)))
+        names = (
+            "model_path",
+            "tokenizer_path",
+            "page_size",
+            "tp_size",
+            "hicache_storage_backend_extra_config",
+            "hicache_write_policy",
+            *DTYPE_ARGS,
+        )  # SGLang's ServerArgs is not always a plain object (vars() can be empty)
+        return ServerProfile.from_args({name: getattr(args, name, None) for name in names})
 
     def tokenizer(self, profile: ServerProfile):
         return self.engine.tokenizer_manager.tokenizer
