@@ -327,3 +327,27 @@ def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
         assert kept_counts(store) == disk_counts(root)
         count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
         assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
+
+
+def test_the_table_is_changed_in_place_and_bounded():
+    """An update finds its one entry (the table is never decoded whole on a put); a table
+    at MAX_NAMESPACES, or records in a directory that is no namespace's, make the counts
+    unknown rather than wrong."""
+    from hicache_galahad.store.ledger import MAX_NAMESPACES, NamespaceCount
+
+    names = [f"{index:032x}" for index in range(1, MAX_NAMESPACES + 1)]
+    state = _State(len(names))
+    state.set_counts({name: NamespaceCount(1, 1, 1, 1) for name in names})
+    raw = state.pack()
+    state = _State.parse(raw)
+    state.count_added(names[-1], 2, 20, 10, 5)
+    assert state.pack()[: -_NS_ENTRY.size] == raw[: -_NS_ENTRY.size]  # one entry changed
+    assert state.counts[names[-1]].as_tuple() == (3, 21, 11, 5)
+    state.count_removed(names[0], 1, 1)  # its last record: the entry goes
+    assert names[0] not in state.counts and state.counted_bytes() == len(names) - 1 + 20
+    state.count_added(names[0], 1, 1, 1)
+    state.count_added("f" * 32, 1, 1, 1)  # one namespace too many
+    assert not state.counts_complete and state.counted_bytes() is None
+    state = _State.parse(raw)
+    state.count_added("not-a-namespace", 1, 1, 1)
+    assert not state.counts_complete

@@ -240,8 +240,9 @@ class _State:
         self.entries = entries if entries is not None else {}
         self.journal: Journal | None = None
         self.counts_complete = False
-        self._counts_raw = b""  # the namespace table as read, decoded on first use
-        self._counts: dict[str, NamespaceCount] | None = None
+        # The namespace table as on disk (_NS_ENTRY each), changed in place: an update
+        # touches one entry, never decodes the others (hundreds of namespaces cost a find).
+        self._table = bytearray()
 
     @property
     def total(self) -> int:
@@ -249,34 +250,73 @@ class _State:
 
     @property
     def counts(self) -> dict[str, NamespaceCount]:
-        if self._counts is None:
-            counts = {}
-            for name, *values in _NS_ENTRY.iter_unpack(self._counts_raw):
-                counts[name.hex()] = NamespaceCount(*values)
-            self._counts = counts
-        return self._counts
+        """Every namespace's counts, decoded (readers: stats, verify's progress)."""
+        return {
+            name.hex(): NamespaceCount(*values)
+            for name, *values in _NS_ENTRY.iter_unpack(self._table)
+        }
 
     def set_counts(self, counts: dict[str, NamespaceCount] | None) -> None:
         """Replaces the namespace counts (None: unknown until the next recount)."""
-        self._counts, self._counts_raw = ({} if counts is None else dict(counts)), b""
+        self._table = bytearray()
         self.counts_complete = counts is not None
+        for dirname, count in (counts or {}).items():
+            if len(self._table) >= MAX_NAMESPACES * _NS_ENTRY.size:
+                self.invalidate_counts()
+                return
+            self._table += _NS_ENTRY.pack(bytes.fromhex(dirname), *count.as_tuple())
 
     def invalidate_counts(self) -> None:
         self.set_counts(None)
 
+    def _offset(self, dirname: str) -> int:
+        """Where the entry of a namespace directory is in the table, or -1 (-2: a name that
+        is no namespace directory's, which the table cannot hold)."""
+        if not _DIRNAME.match(dirname):
+            return -2
+        table, start, name = self._table, 0, bytes.fromhex(dirname)
+        while (offset := table.find(name, start)) >= 0:
+            if offset % _NS_ENTRY.size == 0:
+                return offset
+            start = offset + 1
+        return -1
+
+    def _store(self, dirname: str, count: NamespaceCount, offset: int) -> None:
+        if offset == -2:  # records in a directory that is no namespace's: cannot be kept
+            self.invalidate_counts()
+            return
+        name = bytes.fromhex(dirname)
+        if not count.records:
+            if offset >= 0:
+                del self._table[offset : offset + _NS_ENTRY.size]
+        elif offset >= 0:
+            _NS_ENTRY.pack_into(self._table, offset, name, *count.as_tuple())
+        elif len(self._table) >= MAX_NAMESPACES * _NS_ENTRY.size:
+            self.invalidate_counts()
+        else:
+            self._table += _NS_ENTRY.pack(name, *count.as_tuple())
+
     def count_added(self, dirname, records, disk_bytes, logical_bytes, newest_ns=0) -> None:
         if not self.counts_complete:
             return
-        count = self.counts.get(dirname)
-        if count is None:
-            if len(self.counts) >= MAX_NAMESPACES:
-                self.invalidate_counts()
-                return
-            count = self.counts[dirname] = NamespaceCount()
+        offset = self._offset(dirname)
+        if offset >= 0:
+            count = NamespaceCount(*_NS_ENTRY.unpack_from(self._table, offset)[1:])
+        else:
+            count = NamespaceCount()
         count.records += records
         count.disk_bytes += disk_bytes
         count.logical_bytes += logical_bytes
         count.newest_ns = max(count.newest_ns, newest_ns)
+        self._store(dirname, count, offset)
+
+    def logical_added(self, dirname: str, logical_bytes: int) -> None:
+        """Logical bytes read after a publication (nothing when the namespace is gone)."""
+        offset = self._offset(dirname) if self.counts_complete else -1
+        if offset >= 0:
+            count = NamespaceCount(*_NS_ENTRY.unpack_from(self._table, offset)[1:])
+            count.logical_bytes += logical_bytes
+            self._store(dirname, count, offset)
 
     def count_removed(self, dirname, records, disk_bytes) -> int:
         """Takes `records` files of `disk_bytes` out of a namespace's counts, with the
@@ -284,8 +324,12 @@ class _State:
         would go negative: the counts are wrong, and become unknown."""
         if not self.counts_complete or not records:
             return 0
-        count = self.counts.get(dirname)
-        if count is None or count.records < records or count.disk_bytes < disk_bytes:
+        offset = self._offset(dirname)
+        if offset < 0:  # not counted (or no namespace's): the counts were not the disk's
+            self.invalidate_counts()
+            return 0
+        count = NamespaceCount(*_NS_ENTRY.unpack_from(self._table, offset)[1:])
+        if count.records < records or count.disk_bytes < disk_bytes:
             self.invalidate_counts()
             return 0
         logical = 0
@@ -296,8 +340,7 @@ class _State:
         count.records -= records
         count.disk_bytes -= disk_bytes
         count.logical_bytes -= logical
-        if not count.records:
-            del self.counts[dirname]
+        self._store(dirname, count, offset)
         return logical
 
     def counted_bytes(self) -> int | None:
@@ -305,7 +348,7 @@ class _State:
         complete): equal to committed bytes in a true ledger."""
         if not self.counts_complete:
             return None
-        return sum(count.disk_bytes for count in self.counts.values())
+        return sum(values[2] for values in _NS_ENTRY.iter_unpack(self._table))
 
     @classmethod
     def parse(cls, raw: bytes):
@@ -337,7 +380,8 @@ class _State:
                 return None  # a flipped bit, a forged entry: damaged, recounted
             entries[name] = reserved
         state = cls(committed, entries)
-        state._counts_raw, state.counts_complete = (counts_raw if complete else b""), complete
+        state._table = bytearray(counts_raw if complete else b"")
+        state.counts_complete = complete
         if journal_len:
             state.journal = Journal.parse(raw[_HEAD.size + count * _ENTRY.size : end])
             if state.journal is None:
@@ -347,14 +391,8 @@ class _State:
     def _pack_counts(self) -> bytes:
         if not self.counts_complete:
             return _NS_HEAD.pack(NS_MAGIC, 0, 0)
-        if self._counts is None:
-            raw = self._counts_raw
-        else:
-            raw = b"".join(
-                _NS_ENTRY.pack(bytes.fromhex(dirname), *count.as_tuple())
-                for dirname, count in self._counts.items()
-            )
-        return _NS_HEAD.pack(NS_MAGIC, len(raw) // _NS_ENTRY.size, NS_COMPLETE) + raw
+        table = self._table
+        return _NS_HEAD.pack(NS_MAGIC, len(table) // _NS_ENTRY.size, NS_COMPLETE) + table
 
     def pack(self) -> bytes:
         entries = list(self.entries.items())[:MAX_ENTRIES]
@@ -581,9 +619,7 @@ class Ledger:
                 if state.journal is not None:
                     self._recover(state)
                 for dirname, logical in pending.items():
-                    count = state.counts.get(dirname) if state.counts_complete else None
-                    if count is not None:  # (gone meanwhile: nothing to add it to)
-                        count.logical_bytes += logical
+                    state.logical_added(dirname, logical)
                 token = self._process.token
                 if self._mine or token in state.entries:
                     state.entries[token] = self._mine  # written back if someone dropped it
@@ -621,12 +657,7 @@ class Ledger:
         existed, or found wrong): the next rebuild fills them."""
 
         def read(state: _State):
-            if not state.counts_complete:
-                return None
-            return {
-                dirname: NamespaceCount(*count.as_tuple())
-                for dirname, count in state.counts.items()
-            }
+            return state.counts if state.counts_complete else None
 
         return self._locked(read)
 
