@@ -696,3 +696,9 @@ def test_two_processes_pinning_and_unpinning_shared_records_at_once_stay_exact(t
     with RecordStore(root, durability="none") as store:
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
         assert state(root)["journal"] is None
+
+
+def test_the_pin_limit_is_among_a_live_servers_settings(tmp_path):
+    root = str(tmp_path / "store")
+    with RecordStore(root, max_bytes=1000, durability="none") as store:
+        assert [s["max_pinned_bytes"] for s in store.live_settings()] == [500]

@@ -160,6 +160,7 @@ class RecordStore:
         return {
             "pid": os.getpid(),
             "max_bytes": options.max_bytes,
+            "max_pinned_bytes": options.pin_limit_bytes,
             "min_free_bytes": options.min_free_bytes,
             "compression": options.compression,
             "encrypted": options.encryption_key_file is not None,
