@@ -80,6 +80,14 @@ def test_llama_warm_pin_sigkill_restart_ready(tiny_model, tmp_path):
         pinned = report["pinned"]
         assert pinned["pinned_records"] + pinned["already_pinned_records"] == num_pages
         assert pinned["missing_keys"] == 0 and pinned["refused_keys"] == 0
+        # --sections: each Blaise section's prompt prefix, every page of each stored
+        handbook = tmp_path / "handbook.md"
+        handbook.write_text("\n\n".join(f"# Part {n}\n\n{TEXT * 4}" for n in range(3)))
+        sections = galahad("warm", "--server", server.url, "--sections", "--json", str(handbook))
+        assert sections.returncode == 0, sections.stdout + sections.stderr
+        parts = json.loads(sections.stdout)["documents"]
+        assert len(parts) > 1 and all(part["complete"] for part in parts)
+        assert all(part["tokens"] % PAGE_SIZE == 0 for part in parts)  # page-aligned prefixes
         # warming it again sends nothing: every page is already there
         again = galahad("warm", "--server", server.url, "--json", str(doc))
         assert again.returncode == 0, again.stderr

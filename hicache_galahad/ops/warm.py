@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import sys
 import time
@@ -68,6 +69,8 @@ KV_POOL, STATE_POOLS = "kv", ("mamba",)
 DTYPE_ARGS = ("kv_cache_dtype", "mamba_ssm_dtype", "dtype")
 PIN_BUDGET_KEYS = ("max_bytes", "max_pinned_bytes")  # the server's; a pin obeys them
 EXIT_OK, EXIT_INCOMPLETE, EXIT_EXPECTED = 0, 1, 2
+
+log = logging.getLogger("hicache_galahad.warm")
 
 
 class WarmError(Exception):
@@ -655,6 +658,14 @@ def warm(
         cache_salt=cache_salt,
     )
     request = _request_fields(extra_key, cache_salt)
+    policy = session.profile.write_policy
+    if not check and policy and not str(policy).startswith("write_through"):
+        log.warning(
+            "galahad warm: the server's --hicache-write-policy is %s: its pages reach the store "
+            "only when evicted from host memory, so warm may wait out --wait and its retries; "
+            "use write_through",
+            policy,
+        )
     try:
         reports = []
         for document in load_documents(documents, sections, session.target, session.profile):
