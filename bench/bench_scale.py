@@ -99,21 +99,9 @@ def _store(root, **options):
 
 
 def _storage_config(extra: dict):
-    from sglang.srt.mem_cache.hicache_storage import HiCacheStorageConfig
+    from bench import sglang_server
 
-    return HiCacheStorageConfig(
-        tp_rank=0,
-        tp_size=1,
-        pp_rank=0,
-        pp_size=1,
-        attn_cp_rank=0,
-        attn_cp_size=1,
-        is_mla_model=False,
-        enable_storage_metrics=False,
-        is_page_first_layout=False,
-        model_name="bench-model",
-        extra_config=extra,
-    )
+    return sglang_server.storage_config(extra, model_name="bench-model", page_first=False)
 
 
 def _galahad_backend(root):
