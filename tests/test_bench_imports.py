@@ -11,7 +11,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-# gpu_check.py builds its own: it runs alone on the device machine, which has no tests/ or bench/.
+# gpu_check.py builds its own: it is one file that also runs on a device machine without SGLang.
 PENDING_CONFIG_BUILDERS = {"bench/gpu_check.py"}
 
 
