@@ -108,11 +108,10 @@ def test_the_rules_are_the_formats():
 
 def test_a_bug_is_counted_by_one_rule():
     """`unexpected_errors` is counted by metrics.count_bug (counted, then a rate-limited
-    warning with the traceback), nowhere by hand; record_store.py's `_bug` keeps the same rule
-    by hand until it calls count_bug (a file another change owns)."""
+    warning with the traceback), nowhere by hand."""
     by_hand = [
         site
         for site in counted_names()[0]["unexpected_errors"]
         if not site.startswith("telemetry/metrics.py")
     ]
-    assert [site.split(":")[0] for site in by_hand] == ["store/record_store.py"], by_hand
+    assert by_hand == [], by_hand

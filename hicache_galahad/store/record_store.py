@@ -35,7 +35,7 @@ from ..record import format as fmt
 from ..record.codec import RecordCodec
 from ..record.crypto import load_master_key
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog, failed
+from ..telemetry.metrics import Counters, RateLimitedLog, count_bug, failed
 from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
@@ -282,8 +282,9 @@ class RecordStore:
     def _bug(self, topic: str, what: str, error: Exception) -> None:
         """The store's one way to swallow an exception that is a bug (never damage or an
         I/O error): counted in unexpected_errors and logged with its traceback."""
-        self.counters.add("unexpected_errors")
-        self._warn.warning(topic, "galahad: unexpected %s failure: %r", what, error, exc_info=True)
+        count_bug(
+            self.counters, self._warn, topic, "galahad: unexpected %s failure: %r", what, error
+        )
 
     def _on_bad_record(
         self, namespace: Namespace, key: str, error: fmt.FormatError, miss: int = 1
