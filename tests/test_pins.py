@@ -414,6 +414,39 @@ def test_galahad_purge_by_tenant_drops_that_tenants_pins(tmp_path):
         assert store.pinned_bytes_by_tenant() == {"tenant-b": 2 * size} == pins_truth(root)
 
 
+def test_purge_by_age_keeps_pinned_records_and_stats_shows_pinned_bytes(tmp_path):
+    """`purge --older-than` alone never removes a pinned record (the pin is the operator's
+    word that it stays); `stats` shows the pinned bytes per tenant and the limit."""
+    root = str(tmp_path / "store")
+    size = record_bytes("o-00")
+    with RecordStore(root, max_bytes=40 * size, durability="none") as store:
+        store.register_namespace(NS_A)
+        data = fill(store, NS_A, [f"o-{i:02d}" for i in range(4)])
+        store.pin(NS_A, ["o-00", "o-01"], "kept doc")
+    old_s = time.time() - 3600
+    for key in data:
+        os.utime(record_path(root, NS_A, key), (old_s, old_s))
+
+    def galahad(*args):
+        done = subprocess.run(
+            [sys.executable, "-m", "hicache_galahad", *args, "--root", root, "--json"],
+            capture_output=True,
+            text=True,
+            env=helper_env(),
+            timeout=60,
+        )
+        assert done.returncode == 0, done.stderr
+        return json.loads(done.stdout)
+
+    purged = galahad("purge", "--older-than", "10m")
+    assert (purged["removed_records"], purged["kept_pinned_records"]) == (2, 2)
+    with RecordStore(root, durability="none") as store:
+        assert [key for key in data if store.contains(NS_A, key)] == ["o-00", "o-01"]
+        assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size} == pins_truth(root)
+    budget = galahad("stats")["budget"]
+    assert budget["pinned_bytes_by_tenant"] == {"tenant-a": 2 * size}
+
+
 def test_a_dead_writers_temp_link_does_not_miscount_a_pin(tmp_path):
     """A writer killed between its link(2) and the unlink of its temp file leaves the record
     with two links: the pin's count is its own pin file's, so pinning and unpinning it stay

@@ -151,6 +151,19 @@ def cmd_stats(args) -> int:
         f"{_size(budget['min_free_bytes'])}; ledger {_size(budget['ledger_bytes'])}; "
         f"filesystem free {_size(budget['filesystem_free_bytes'])} of "
         f"{_size(budget['filesystem_bytes'])}",
+        "pinned: "
+        + (
+            ", ".join(
+                f"{tenant or '?'} {_size(size)}"
+                for tenant, size in sorted(budget["pinned_bytes_by_tenant"].items())
+            )
+            or "none"
+        )
+        + (
+            f" (max_pinned_bytes {_size(budget['max_pinned_bytes'])})"
+            if budget["max_pinned_bytes"] is not None
+            else ""
+        ),
         "lifetime: "
         + (", ".join(f"{name} {value}" for name, value in sorted(counters.items())) or "none"),
     ]
@@ -259,6 +272,8 @@ def cmd_purge(args) -> int:
         )
     verb = "would remove" if args.dry_run else "removed"
     lines = [f"{verb} {report.removed_records} records ({_size(report.removed_bytes)})"]
+    if report.kept_pinned_records:
+        lines.append(f"kept {report.kept_pinned_records} pinned records (galahad unpin first)")
     lines += [
         f"namespace {dirname}: no readable namespace.json, owner unknown: left alone"
         for dirname in report.unattributable_namespaces

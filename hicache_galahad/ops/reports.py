@@ -193,6 +193,9 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
     settings = store.live_settings()
     caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
     floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
+    pin_caps = [
+        s["max_pinned_bytes"] for s in settings if isinstance(s.get("max_pinned_bytes"), int)
+    ]
     return {
         "root": store.root,
         "counts": source,
@@ -208,6 +211,8 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
             "max_bytes": min(caps) if caps else None,
             "min_free_bytes": max(floors) if floors else None,
             "ledger_bytes": store.usage_bytes(),
+            "pinned_bytes_by_tenant": store.pinned_bytes_by_tenant(),
+            "max_pinned_bytes": min(pin_caps) if pin_caps else None,
             "filesystem_free_bytes": filesystem.f_bavail * filesystem.f_frsize,
             "filesystem_bytes": filesystem.f_blocks * filesystem.f_frsize,
             "servers": settings,
@@ -233,6 +238,7 @@ def bytes_to_verify(store: RecordStore, dirnames=None) -> int | None:
 class PurgeReport:
     removed_records: int = 0
     removed_bytes: int = 0
+    kept_pinned_records: int = 0
     namespaces: list = field(default_factory=list)
     unattributable_namespaces: list = field(default_factory=list)
     dry_run: bool = False
@@ -241,6 +247,7 @@ class PurgeReport:
         return {
             "removed_records": self.removed_records,
             "removed_bytes": self.removed_bytes,
+            "kept_pinned_records": self.kept_pinned_records,
             "namespaces": self.namespaces,
             "unattributable_namespaces": self.unattributable_namespaces,
             "dry_run": self.dry_run,
@@ -257,7 +264,9 @@ def purge(
 ) -> PurgeReport:
     """Removes the records matching every given filter. A namespace whose description is
     missing cannot be attributed to a tenant or model: it is reported, never touched, when
-    one of those filters is given."""
+    one of those filters is given. A purge by age alone keeps pinned records (a pin is the
+    operator's own word that a record stays; `galahad unpin` first); one by tenant or model
+    removes them and their pins."""
     report = PurgeReport(dry_run=dry_run)
     cutoff_ns = None if older_than_s is None else (time.time() - older_than_s) * 1e9
     for dirname, namespace in store.namespaces_on_disk():
@@ -269,9 +278,13 @@ def purge(
                 continue
             if model_fingerprint is not None and namespace.model_fingerprint != model_fingerprint:
                 continue
+        keep_pinned = tenant is None and model_fingerprint is None
         removed = 0
         for entry in store.record_files([dirname]):
             if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
+                continue
+            if keep_pinned and entry.links > 1:
+                report.kept_pinned_records += 1
                 continue
             freed = entry.accounted_bytes if dry_run else store.delete_file(dirname, entry.name)
             if freed is not None:

@@ -213,6 +213,7 @@ class FileEntry:
     accounted_bytes: int
     mtime_ns: int
     inode: int
+    links: int = 1  # more than one: pinned (store/pins.py), or a writer's temp link for a moment
 
     @property
     def location(self) -> tuple[str, str]:
@@ -492,6 +493,7 @@ class StoreLayout:
                         accounted_bytes(info),
                         info.st_mtime_ns,
                         info.st_ino,
+                        info.st_nlink,
                     )
         except OSError as error:
             if on_error is not None:
