@@ -100,6 +100,19 @@ def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path):
         assert logical == records * PAGE  # the mean share taken by each deletion: exact here
 
 
+def test_a_put_counts_its_logical_bytes_without_reading_a_header(tmp_path, monkeypatch):
+    """The writer hands the ledger each record's page bytes (the 4th item of a publication),
+    so no header is read back after the locked section: exact and free."""
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        reads = []
+        monkeypatch.setattr(store.accounting.ledger, "_logical_of", lambda *a: reads.append(a))
+        fill(store, ALICE, 24)
+        assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 24 * PAGE
+        assert reads == []
+
+
 def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tmp_path):
     """The journal recovers the counts as it recovers committed bytes: a dead writer's
     publication (a journal left in the ledger, records linked) is counted by whoever takes

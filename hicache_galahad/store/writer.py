@@ -63,6 +63,7 @@ class _Staged:
     temp_name: str
     location: tuple
     total_bytes: int
+    page_bytes: int  # the page's own (logical) bytes, counted in the ledger's namespace counts
     chunks: list | None  # header and payload, until written
     record: list | None = None  # the same pieces, kept after writing for the publish hook
     fd: int | None = None
@@ -324,6 +325,7 @@ class RecordWriter:
             temp_name=self.layout.new_temp_name(filename, self.writer_token),
             location=(namespace.dirname, filename),
             total_bytes=len(header) + sum(len(chunk) for chunk in payload_chunks),
+            page_bytes=raw_len,
             chunks=[header, *payload_chunks],
         )
 
@@ -352,7 +354,8 @@ class RecordWriter:
         items = []
         for item in pending:
             with contextlib.suppress(OSError, TypeError):
-                items.append((item.filename, os.fstat(item.fd).st_ino, item.total_bytes))
+                inode = os.fstat(item.fd).st_ino
+                items.append((item.filename, inode, item.total_bytes, item.page_bytes))
 
         def link_all() -> int:
             for item in pending:
