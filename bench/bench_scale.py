@@ -20,7 +20,8 @@ kept under --cache for later runs; for each N, in fresh processes:
   stats/verify `galahad stats` (from the ledger's namespace counts: no record read; a root
                whose ledger predates the counts gets `stats --recount` once first, timed
                apart) and `galahad stats --exact` (a walk); `galahad verify` wall time, peak
-               RSS and its own rate (records/s, MB/s of records read)
+               RSS and its own rate (records/s, MB/s of records read), beside a plain read
+               of every record file in one thread with no check (the rate verify is held to)
   file evict   HiCacheFile with max_size at the root's size: one put (it evicts to 90%)
 
 and the growth per 10x of every figure. After every multi-process phase the ledger is
@@ -615,7 +616,30 @@ def measure_galahad(n, root, args, work, cold_how) -> dict:
         fig["verify records/s"] = report.get("records_per_s")
         fig["verify MB/s"] = report.get("mb_per_s")
         fig["verify records/s (wall)"] = n / fig["verify s"]
+        plain_s, files = _read_every_file(root)
+        fig["plain read of every file, files/s"] = files / plain_s
+        fig["verify / plain read"] = (
+            fig["verify records/s"] / fig["plain read of every file, files/s"]
+        )
     return fig
+
+
+def _read_every_file(root) -> tuple[float, int]:
+    """The limit verify is held to: one thread opening and reading every record file, with
+    no check at all (seconds, files)."""
+    start, files = time.perf_counter(), 0
+    with os.scandir(os.path.join(root, "ns")) as namespaces:
+        for directory in namespaces:
+            if not directory.is_dir(follow_symlinks=False):
+                continue
+            with os.scandir(directory.path) as entries:
+                for entry in entries:
+                    if entry.name.endswith(".rec"):
+                        fd = os.open(entry.path, os.O_RDONLY)
+                        os.read(fd, 1 << 20)
+                        os.close(fd)
+                        files += 1
+    return time.perf_counter() - start, files
 
 
 def _clear_scratch(root):
