@@ -212,7 +212,7 @@ def _tier_read(reader, namespace, keys: list[str], slots: list[int], page_bytes:
     )
     hits = 0
     for key, slot, value in zip(keys, slots, values, strict=True):
-        raw = store.local.reader.decode_value(namespace, key, value, page_bytes)
+        raw = store.local.decode_value(namespace, key, value, page_bytes)
         offset = 0
         for piece in layout.segments(slot):
             piece[:] = raw[offset : offset + len(piece)]

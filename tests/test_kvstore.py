@@ -21,7 +21,8 @@ VERBS = [
 
 @pytest.mark.parametrize("store_class", [RecordStore, TieredStore], ids=lambda c: c.__name__)
 def test_both_stores_have_every_verb_with_its_parameters(store_class):
-    assert len(VERBS) >= 14
+    assert len(VERBS) >= 17
+    assert {"pin", "unpin", "pinned_bytes_by_tenant"} <= set(VERBS)  # pins: either store
     for name in VERBS:
         wanted = getattr(KVStore, name)
         if isinstance(wanted, property):  # RecordStore's are instance attributes (see below)
@@ -29,9 +30,9 @@ def test_both_stores_have_every_verb_with_its_parameters(store_class):
             continue
         have = getattr(store_class, name, None)
         assert have is not None, f"{store_class.__name__} has no {name}"
-        assert list(inspect.signature(have).parameters) == list(
-            inspect.signature(wanted).parameters
-        ), f"{store_class.__name__}.{name}{inspect.signature(have)}"
+        assert [(p.name, p.kind) for p in inspect.signature(have).parameters.values()] == [
+            (p.name, p.kind) for p in inspect.signature(wanted).parameters.values()
+        ], f"{store_class.__name__}.{name}{inspect.signature(have)}"
 
 
 def test_a_record_store_is_a_kvstore(tmp_path):
@@ -139,3 +140,92 @@ def test_the_publish_hook_gets_the_files_bytes_of_what_the_put_published_only(
         assert store.get(namespace, "k3", len(pages[0])) == pages[0]
     finally:
         store.close()
+
+
+def test_the_tier_uses_only_the_local_stores_public_verbs():
+    """tier/ reads the local store through its verbs (KVStore's and RecordStore's public
+    methods), never its parts: no `local.reader.`, `local.codec.` or any other attribute set in
+    RecordStore.__init__ (the tier once decoded values and tested keys on the reader itself)."""
+    import ast
+    from pathlib import Path
+
+    allowed = {name for name in dir(RecordStore) if not name.startswith("_")}
+    allowed |= set(VERBS) | set(KVStore.__annotations__)  # root, max_bytes, counters
+    tier_dir = Path(__file__).resolve().parent.parent / "hicache_galahad" / "tier"
+    holders = ("local", "self.local", "self._local")  # how tier/ names the local store
+    reached = [
+        f"{path.name}:{node.lineno} {ast.unparse(node)}"
+        for path in sorted(tier_dir.rglob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute)
+        and ast.unparse(node.value) in holders
+        and node.attr not in allowed
+    ]
+    assert reached == []
+
+
+def test_a_value_in_memory_is_judged_by_the_stores_rules_and_its_one_rule_of_keeping(tmp_path):
+    """RecordStore.decode_value applies the rules of a record file to bytes in memory (a shared
+    tier's value), and RecordStore.config_may_explain is the one rule of what a failure leaves
+    in place: V12, V16, and V14 until this reader's key has opened a record of the namespace."""
+    from support.records import write_key_file
+
+    from hicache_galahad.record import format as fmt
+    from hicache_galahad.record.namespace import Namespace
+
+    namespace = Namespace("tenant", "fp", "kv", {"page": 1})
+    page = bytes(range(256)) * 16
+
+    def stored_value(store, key: str) -> bytes:
+        store.register_namespace(namespace)
+        assert store.put(namespace, key, page)
+        with open(store.record_file_path(namespace.dirname, key), "rb") as file:
+            return file.read()
+
+    def failure(store, key: str, value, size: int = len(page)) -> fmt.FormatError:
+        with pytest.raises(fmt.FormatError) as caught:
+            store.decode_value(namespace, key, value, size)
+        return caught.value
+
+    plain = RecordStore(str(tmp_path / "plain"), durability="none")
+    sealed = RecordStore(
+        str(tmp_path / "sealed"),
+        durability="none",
+        encryption_key_file=write_key_file(tmp_path / "a.key"),
+    )
+    other_key = RecordStore(
+        str(tmp_path / "other"),
+        durability="none",
+        encryption_key_file=write_key_file(tmp_path / "b.key"),
+    )
+    try:
+        assert (plain.encrypted, sealed.encrypted) == (False, True)
+        value = stored_value(plain, "k")
+        assert bytes(plain.decode_value(namespace, "k", value, len(page))) == page
+        damaged = bytearray(value)
+        damaged[-1] ^= 1
+        failures = {
+            "V16": failure(plain, "k", value, len(page) - 1),
+            "V10": failure(plain, "other", value),
+            "V13": failure(plain, "k", bytes(damaged)),
+            "V12": failure(sealed, "k", value),  # plaintext in an encrypted store
+        }
+        assert {rule: error.rule for rule, error in failures.items()} == {
+            rule: rule for rule in failures
+        }
+        kept = {
+            rule for rule, error in failures.items() if plain.config_may_explain(namespace, error)
+        }
+        assert kept == {"V12", "V16"}
+
+        sealed_value = stored_value(sealed, "s")
+        wrong_key = failure(other_key, "s", sealed_value)
+        assert wrong_key.rule == "V14"
+        assert other_key.config_may_explain(namespace, wrong_key)  # its key never opened one
+        own = stored_value(other_key, "own")
+        assert bytes(other_key.decode_value(namespace, "own", own, len(page))) == page
+        # its key has opened a record of the namespace: a tag that fails now is damage
+        assert not other_key.config_may_explain(namespace, failure(other_key, "s", sealed_value))
+    finally:
+        for store in (plain, sealed, other_key):
+            store.close()

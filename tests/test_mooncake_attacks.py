@@ -346,7 +346,7 @@ def test_squatted_keys_are_removed_so_the_honest_value_lands(keyed, sealed, peer
     for index, key in enumerate(keys):
         value = tag.open(keyed.name(key), peer.get(keyed.name(key)))
         assert bytes(
-            keyed.store.local.reader.decode_value(keyed.namespace, key, value, keyed.page_size)
+            keyed.store.local.decode_value(keyed.namespace, key, value, keyed.page_size)
         ) == bytes(page_bytes(keyed.kv, index * 4).numpy())
     assert sealed_record_in_mooncake(peer, sealed, squatted).encrypted
 

@@ -638,3 +638,78 @@ def test_a_bug_is_counted_and_logged_by_the_stores_rule_in_the_tier(tmp_path, ma
         assert {r.name for r in logged} == {"hicache_galahad.store", tier._log.name}
     finally:
         store.close()
+
+
+def down_tiered_store(tmp_path, make_tier, **local_options):
+    """A TieredStore whose Mooncake master was never started (every shared read a miss)."""
+    from hicache_galahad.store import RecordStore
+    from hicache_galahad.tier.tiered import TieredStore
+
+    skip_unless_mooncake()
+    overrides = {"timeout_s": 1}
+    if "encryption_key_file" in local_options:
+        overrides["integrity_key_file"] = None  # the AES-GCM tags vouch
+    tier = make_tier(MooncakeCluster(tmp_path / "down"), **overrides)
+    local = RecordStore(str(tmp_path / "store"), durability="none", **local_options)
+    return TieredStore(local, tier)
+
+
+def test_pins_through_the_tier_are_the_local_stores(tmp_path, make_tier):
+    """TieredStore.pin, unpin and pinned_bytes_by_tenant are the local store's (pins are
+    local): what is pinned through the tier is what the local store counts, and a key with no
+    local record is missing (Mooncake holds no pins)."""
+    from hicache_galahad.record.namespace import Namespace
+
+    namespace = Namespace("tenant", "fp-pins", "kv", {"page": 1})
+    page = os.urandom(64 * KIB)
+    store = down_tiered_store(tmp_path, make_tier)
+    try:
+        store.register_namespace(namespace)
+        assert store.put_many(namespace, ["a", "b"], [page, page]) == [True, True]
+        result = store.pin(namespace, ["a", "nowhere"], "handbook")
+        assert (result.pinned_records, result.missing_keys) == (1, ["nowhere"])
+        pinned = store.pinned_bytes_by_tenant()
+        assert pinned == store.local.pinned_bytes_by_tenant() and pinned["tenant"] >= len(page)
+        assert store.pin(namespace, ["a"], "handbook").already_pinned_records == 1
+        assert store.unpin(document="handbook") == pinned["tenant"]
+        assert sum(store.local.pinned_bytes_by_tenant().values()) == 0
+        assert store.pin(namespace, ["b"], "other").pinned_records == 1
+        assert store.unpin(everything=True) == pinned["tenant"]
+    finally:
+        store.close()
+
+
+def test_the_tier_removes_what_the_store_would_quarantine_and_squatters(tmp_path, make_tier):
+    """The tier's rule for a failed Mooncake value is the local store's
+    (RecordStore.config_may_explain), plus the squatters (V12, V16) that a file on disk is
+    kept for: every failure removes the value except an AES-GCM tag that fails before this
+    reader's key opened a record of the namespace."""
+    from support.records import write_key_file
+
+    from hicache_galahad.record import format as fmt
+    from hicache_galahad.record.namespace import Namespace
+    from hicache_galahad.tier.mooncake.integrity import ValueTagError
+
+    namespace = Namespace("tenant", "fp-rule", "kv", {"page": 1})
+    page = os.urandom(4 * KIB)
+    store = down_tiered_store(
+        tmp_path, make_tier, encryption_key_file=write_key_file(tmp_path / "tenants.key")
+    )
+    errors = [error_class("refused") for error_class in (*fmt.ALL_ERRORS, ValueTagError)]
+
+    def left() -> list[str]:
+        return [error.rule for error in errors if not store._removable(namespace, error)]
+
+    def kept_on_disk() -> list[str]:
+        return [error.rule for error in errors if store.local.config_may_explain(namespace, error)]
+
+    try:
+        assert (left(), kept_on_disk()) == (["V14"], ["V12", "V14", "V16"])
+        store.register_namespace(namespace)
+        assert store.put(namespace, "k", page)
+        with open(store.local.record_file_path(namespace.dirname, "k"), "rb") as file:
+            value = file.read()
+        assert bytes(store.local.decode_value(namespace, "k", value, len(page))) == page
+        assert (left(), kept_on_disk()) == ([], ["V12", "V16"])  # the key is proven now
+    finally:
+        store.close()

@@ -4,6 +4,8 @@ that both have every verb, with the same parameters).
 
 Every verb is safe to call from SGLang's prefetch and backup threads at once, and none raises
 on a data error: a record that fails a check is a miss (False, None), counted by the store.
+Pins (`pin`, `unpin`, `pinned_bytes_by_tenant`) are the local store's in both, so a caller of
+them (`galahad warm --pin`, the pin commands) may hold either store.
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ from typing import Protocol, runtime_checkable
 
 from ..record.namespace import Namespace
 from ..telemetry.metrics import COUNTERS, RULE_COUNTERS, Counters
+from .pins import PinResult
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,19 @@ class KVStore(Protocol):
 
     def clear_namespace(self, namespace: Namespace) -> int:
         """Removes the namespace's local records; how many."""
+
+    def pin(self, namespace: Namespace, keys: list[str], document: str) -> PinResult:
+        """Pins the local records of `keys` for `document`: eviction keeps them until unpinned
+        (pins are local: a shared tier holds no pins, and a key with no local record is
+        missing_keys)."""
+
+    def unpin(
+        self, *, document: str | None = None, tenant: str | None = None, everything: bool = False
+    ) -> int:
+        """Unpins a document's records, a tenant's, or all; the bytes no longer pinned."""
+
+    def pinned_bytes_by_tenant(self) -> dict[str, int]:
+        """The local store's pinned bytes per tenant."""
 
     def stats(self) -> StoreStats:
         """The store's counters and sizes (a tier adds its own: a subclass of StoreStats)."""

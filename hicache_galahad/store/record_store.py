@@ -293,9 +293,7 @@ class RecordStore:
         self.counters.add("foreign" if foreign else "corrupt")
         self.counters.add(failed(error.rule))
         self.counters.add("misses", miss)
-        keep = self.read_only or reader_may_be_wrong(
-            error, self.reader.key_proven(namespace.dirname)
-        )
+        keep = self.read_only or self.config_may_explain(namespace, error)
         self._warn.warning(
             f"bad-{error.rule}",
             "galahad: record %s failed %s (%s): treated as a miss%s",
@@ -308,6 +306,21 @@ class RecordStore:
         )
         if not keep:
             self.quarantine(namespace, key, getattr(error, "inode", None))
+
+    def config_may_explain(self, namespace: Namespace, error: fmt.FormatError) -> bool:
+        """Whether this reader's configuration, not the record, may be why a record failed
+        with `error` (reader.reader_may_be_wrong): such a record is kept, never quarantined."""
+        return reader_may_be_wrong(error, self.reader.key_proven(namespace.dirname))
+
+    @property
+    def encrypted(self) -> bool:
+        """Whether this store seals its records with the tenants' key (AES-GCM)."""
+        return self.codec.encrypted
+
+    def decode_value(self, namespace: Namespace, key: str, value, expected_size: int):
+        """The raw page (a memoryview) of a whole record held in memory, such as a shared
+        tier's value, after every rule a record file obeys (V1-V16); raises FormatError."""
+        return self.reader.decode_value(namespace, key, value, expected_size)
 
     def contains(self, namespace: Namespace, key: str) -> bool:
         """Whether a record file exists (cheap; the read still verifies everything)."""

@@ -42,12 +42,18 @@ from ..record import format as fmt
 from ..record.namespace import Namespace
 from ..store import RecordStore
 from ..store.kvstore import StoreStats
+from ..store.pins import PinResult
 from ..telemetry.metrics import RateLimitedLog, failed
 from .mooncake.integrity import TAG_BYTES
 
 log = logging.getLogger("hicache_galahad")
 KEY_PREFIX = "galahad"
 RECORD_OVERHEAD_BYTES = fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES + fmt.TAG_BYTES + (1 << 16)
+
+
+# Failures a file on the local disk is kept for (reader.reader_may_be_wrong) but that a shared
+# value under this namespace's Mooncake key cannot honestly have: removed (TieredStore._removable).
+SQUATTER_ERRORS = (fmt.RawSizeError, fmt.ProtectionPolicyError)
 
 
 def shared_key(namespace: Namespace, key: str) -> str:
@@ -149,7 +155,7 @@ class _WriteThrough:
 
 class TieredStore:
     def __init__(self, local: RecordStore, tier):
-        if tier.value_tag is None and not local.codec.encrypted:
+        if tier.value_tag is None and not local.encrypted:
             tier.close(timeout_s=2.0)
             raise ConfigError(f"hicache_galahad option 'mooncake': {NO_SHARED_KEY}")
         self.local = local
@@ -175,6 +181,24 @@ class TieredStore:
         """Clears the local records only: Mooncake cannot list a namespace's keys (its values
         age out; a value no one reads is evicted first)."""
         return self.local.clear_namespace(namespace)
+
+    # ------------------------------------------------------------- pins: local only
+
+    def pin(self, namespace: Namespace, keys: list[str], document: str) -> PinResult:
+        """RecordStore.pin on the local store: pins are local (this root's eviction keeps the
+        records), Mooncake is a cache that evicts what it likes; a key with no local record
+        is missing_keys even when Mooncake holds its value."""
+        return self.local.pin(namespace, keys, document)
+
+    def unpin(
+        self, *, document: str | None = None, tenant: str | None = None, everything: bool = False
+    ) -> int:
+        """RecordStore.unpin on the local store (pins are local)."""
+        return self.local.unpin(document=document, tenant=tenant, everything=everything)
+
+    def pinned_bytes_by_tenant(self) -> dict[str, int]:
+        """The local store's pinned bytes per tenant (pins are local)."""
+        return self.local.pinned_bytes_by_tenant()
 
     # ------------------------------------------------------------- lookups
 
@@ -311,17 +335,22 @@ class TieredStore:
         a zstd frame's stated size before it is inflated)."""
         try:
             record = self._tag.open(name, value) if self._tag is not None else value
-            return self.local.reader.decode_value(namespace, key, record, size), None
+            return self.local.decode_value(namespace, key, record, size), None
         except fmt.FormatError as error:
             return None, error
 
     def _removable(self, namespace: Namespace, error: fmt.FormatError) -> bool:
-        """Whether a value that failed cannot be this namespace's: all but an AES-GCM tag that
-        fails before this reader's key opened any record of the namespace (then the key is
-        more likely wrong than the value: it is left for the servers whose key it is)."""
-        if isinstance(error, fmt.AuthenticationError):
-            return self.local.reader.key_proven(namespace.dirname)
-        return True
+        """Whether a value that failed cannot be this namespace's: what the local store would
+        quarantine (RecordStore.config_may_explain says no), and also a value of another page
+        size (V16) or unsealed in an encrypted store (V12), which a file on the local disk is
+        kept for (the reader's settings may differ) but which, under a Mooncake key that names
+        this namespace and that any peer can write, is a squatter keeping the honest share out.
+        So only an AES-GCM tag that fails before this reader's key opened any record of the
+        namespace is left (the key is more likely wrong than the value: it is left for the
+        servers whose key it is)."""
+        if isinstance(error, SQUATTER_ERRORS):
+            return True
+        return not self.local.config_may_explain(namespace, error)
 
     def _refused(self, key: str, error: fmt.FormatError, removed: bool) -> None:
         self.counters.add_many(mooncake_bad_values=1, **{failed(error.rule): 1})
@@ -361,11 +390,11 @@ class TieredStore:
     # ------------------------------------------------------------- admin
 
     def stats(self) -> TieredStats:
-        local = self.local.stats()
+        disk = self.local.stats()
         return TieredStats(
-            counters=local.counters,
-            ledger_bytes=local.ledger_bytes,
-            indexed_records=local.indexed_records,
+            counters=disk.counters,
+            ledger_bytes=disk.ledger_bytes,
+            indexed_records=disk.indexed_records,
             shared=self.tier.counters(),
         )
 
