@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO_ROOT))
 from bench import serving  # noqa: E402
 from bench.bench_store import machine  # noqa: E402
 from bench.demo import prompt, synthetic_document  # noqa: E402
-from tests.support.mooncake_cluster import ENV, MooncakeCluster  # noqa: E402
+from bench.mooncake_cluster import ENV, MooncakeCluster  # noqa: E402
 
 PAGE_SIZE = 16
 MAX_NEW_TOKENS = 8

@@ -1,6 +1,6 @@
 """MooncakeTier throughput and fault timings on a loopback Mooncake cluster, one run.
 
-Starts a master and one store daemon (tests/mooncake_cluster.py), a pure-client MooncakeTier in
+Starts a master and one store daemon (bench/mooncake_cluster.py), a pure-client MooncakeTier in
 this process, and measures for 32 KiB and 8 MiB values:
   - put_async of N values until flush() returns (write-behind throughput, MB/s);
   - get_many in batches (per-call median / p90 / max, MB/s, and the ratio to a raw
@@ -32,8 +32,8 @@ from importlib.metadata import version
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 
+from bench.mooncake_cluster import ENV, MooncakeCluster, RawClient  # noqa: E402
 from hicache_galahad.tier.mooncake.tier import MooncakeOptions, MooncakeTier  # noqa: E402
-from tests.support.mooncake_cluster import ENV, MooncakeCluster, RawClient  # noqa: E402
 
 KIB, MIB = 1 << 10, 1 << 20
 # (value bytes, values per round, keys per get_many)

@@ -1,4 +1,6 @@
-"""A real Mooncake Store cluster on loopback for tests: one master and one store daemon.
+"""A real Mooncake Store cluster on loopback for tests and benchmarks: one master and one store
+daemon. The tests import it as `support.mooncake_cluster` (tests/support/mooncake_cluster.py
+makes that name this module); pytest is imported only by the two helpers that need it.
 
 `MooncakeCluster` starts `mooncake_master` and a dedicated `mooncake_client` daemon (which holds
 the memory; test clients are pure clients) on free 127.0.0.1 ports, each in its own process
@@ -31,8 +33,6 @@ import subprocess
 import time
 import urllib.request
 from pathlib import Path
-
-import pytest
 
 BIND_ADDRESS = "127.0.0.1"
 ENV = {"MC_TCP_BIND_ADDRESS": BIND_ADDRESS}
@@ -70,6 +70,8 @@ def mooncake_available() -> bool:
 def skip_unless_mooncake() -> None:
     """Skips the test when Mooncake cannot run here; fails it instead under
     GALAHAD_REQUIRE_MOONCAKE=1 (CI, where the set-up installs it, must not skip silently)."""
+    import pytest
+
     missing = mooncake_missing()
     if missing and os.environ.get("GALAHAD_REQUIRE_MOONCAKE") == "1":
         pytest.fail(f"GALAHAD_REQUIRE_MOONCAKE=1 but {missing}")
@@ -288,6 +290,7 @@ def mooncake_cluster_fixture(scope: str = "function", **cluster_options):
     Skips with the reason when Mooncake cannot run here. Sets MC_TCP_BIND_ADDRESS for the test
     process too, so tiers and raw clients made in it publish 127.0.0.1.
     """
+    import pytest
 
     @pytest.fixture(scope=scope)
     def cluster(tmp_path_factory):

@@ -15,19 +15,64 @@ REPO = Path(__file__).resolve().parent.parent
 PENDING_CONFIG_BUILDERS = {"bench/gpu_check.py"}
 
 
-def test_bench_serving_imports_with_only_the_repository_on_the_path(tmp_path):
+BENCH_MODULES = sorted(path.stem for path in REPO.glob("bench/*.py") if path.stem != "__init__")
+# The top-level names a module of tests/ is imported by (tests/ on sys.path, or the repository).
+TEST_NAMES = {"tests", "support", "e2e_support", "conftest"}
+
+
+def _from_tests(name: str) -> bool:
+    return name.split(".")[0] in TEST_NAMES or name.startswith("test_")
+
+
+def test_no_bench_module_names_a_module_of_tests():
+    """By the code (ast): no `import tests...`, `from tests...`, nor a name only tests/ on the
+    path would find (support, e2e_support), anywhere in bench/, functions included."""
+    found = []
+    for path in sorted(REPO.glob("bench/*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Import):
+                names = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names = [node.module]
+            else:
+                continue
+            found += [f"{path.name}:{node.lineno} {name}" for name in names if _from_tests(name)]
+    assert found == []
+
+
+def test_every_bench_module_imports_with_no_tests_path_and_no_tests_module(tmp_path):
+    """Each bench/*.py module's top level, imported with only the repository on the path, puts
+    no tests/ directory on sys.path and loads no module of tests/ (the Mooncake cluster the
+    benchmarks start is bench/mooncake_cluster.py; the tests import it as
+    support.mooncake_cluster, the same module object)."""
     code = (
-        f"import json, sys; sys.path.insert(0, {str(REPO)!r}); import bench.serving, bench.demo\n"
-        "print(json.dumps({'path': sys.path, 'modules': sorted(sys.modules)}))"
+        f"import importlib, json, sys; sys.path.insert(0, {str(REPO)!r})\n"
+        f"for name in {BENCH_MODULES!r}: importlib.import_module('bench.' + name)\n"
+        "print(json.dumps({'path': sys.path, 'modules': sorted(sys.modules),"
+        " 'files': sorted(str(getattr(m, '__file__', None)) for m in list(sys.modules.values()))}))"
     )
     done = subprocess.run(
-        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=120
+        [sys.executable, "-c", code], cwd=tmp_path, capture_output=True, text=True, timeout=300
     )
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.splitlines()[-1])
-    tests_dir = str(REPO / "tests")
-    assert tests_dir not in seen["path"]
-    assert "e2e_support" not in seen["modules"] and "support" not in seen["modules"]
+    tests_dir = REPO / "tests"
+    on_path = [entry for entry in seen["path"] if entry.rstrip("/").endswith("tests")]
+    on_path += [e for e in seen["path"] if e and Path(e).resolve().is_relative_to(tests_dir)]
+    assert on_path == []
+    assert [name for name in seen["modules"] if _from_tests(name)] == []
+    assert [f for f in seen["files"] if Path(f).resolve().is_relative_to(tests_dir)] == []
+    assert {"bench.mooncake_cluster", "bench.sglang_server"} <= set(seen["modules"])
+
+
+def test_the_tests_mooncake_cluster_is_the_bench_module():
+    from support import mooncake_cluster
+
+    from bench import mooncake_cluster as bench_cluster
+    from tests.support import mooncake_cluster as by_package
+
+    assert mooncake_cluster is bench_cluster is by_package
+    assert mooncake_cluster.MooncakeCluster.__module__ == "bench.mooncake_cluster"
 
 
 def test_e2e_support_is_the_bench_harness():
