@@ -158,9 +158,15 @@ class Checker:
                     temps.append(entry)
 
         tag_failures = []  # judged once we know whether this key opens any record here
-        for entry, error in self._verified(records(), pool):
+        sound, sound_bytes, sound_accounted_bytes = 0, 0, 0  # (added to the report after)
+        for entry, error in self._verified(records(), pool, dirname):
             if on_record is not None:
                 on_record(entry)
+            if error is None:
+                sound += 1
+                sound_bytes += entry.size_bytes
+                sound_accounted_bytes += entry.accounted_bytes
+                continue
             if isinstance(error, FileNotFoundError):
                 continue  # evicted or purged while we scanned: not damage
             report.scanned_records += 1
@@ -172,9 +178,11 @@ class Checker:
                 self._judge(entry, error, report, fix, key_proven=True)
             elif isinstance(error, OSError):
                 report.unverifiable.append((entry.path, f"unreadable: {error}"))
-            else:
-                report.records += 1
-                report.record_bytes += entry.size_bytes
+        report.scanned_records += sound
+        report.scanned_bytes += sound_bytes
+        report.actual_bytes += sound_accounted_bytes
+        report.records += sound
+        report.record_bytes += sound_bytes
         key_proven = self.reader.key_proven(dirname)
         for entry, error in tag_failures:
             self._judge(entry, error, report, fix, key_proven)
@@ -185,31 +193,38 @@ class Checker:
                     with contextlib.suppress(OSError):
                         os.unlink(entry.path)
 
-    def _verified(self, entries, pool):
+    def _verified(self, entries, pool, dirname: str):
         """(entry, error or None) for each record, streamed: CHUNK_RECORDS at a time (over
         the pool, TASK_RECORDS per hand-off, when there is one), so memory stays bounded
-        whatever the number of records."""
+        whatever the number of records. The directory's namespace.json is looked up once a
+        chunk (it is cached for seconds anyway), not once a record."""
         iterator = iter(entries)
+        load_namespace = self.layout.load_namespace_cached
         while True:
             chunk = list(itertools.islice(iterator, CHUNK_RECORDS))
             if not chunk:
                 return
+            namespace = load_namespace(dirname)
             if pool is None:
-                yield from zip(chunk, map(self._verify, chunk), strict=True)
+                yield from zip(chunk, self._verify_all(chunk, namespace), strict=True)
                 continue
             tasks = [chunk[i : i + TASK_RECORDS] for i in range(0, len(chunk), TASK_RECORDS)]
-            for task, errors in zip(tasks, pool.map(self._verify_all, tasks), strict=True):
+            errors_of = pool.map(self._verify_all, tasks, itertools.repeat(namespace))
+            for task, errors in zip(tasks, errors_of, strict=True):
                 yield from zip(task, errors, strict=True)
 
-    def _verify_all(self, entries: list) -> list:
-        return [self._verify(entry) for entry in entries]
-
-    def _verify(self, entry: FileEntry) -> Exception | None:
-        try:
-            self.reader.verify_file(entry, self.layout.load_namespace_cached(entry.dirname))
-        except (fmt.FormatError, OSError) as error:
-            return error
-        return None
+    def _verify_all(self, entries: list, namespace) -> list:
+        """The error (or None) of each record of one namespace."""
+        verify_file = self.reader.verify_file
+        errors = []
+        for entry in entries:
+            try:
+                verify_file(entry, namespace)
+            except (fmt.FormatError, OSError) as error:
+                errors.append(error)
+            else:
+                errors.append(None)
+        return errors
 
     def _judge(self, entry: FileEntry, error, report: CheckReport, fix: bool, key_proven: bool):
         if reader_may_be_wrong(error, key_proven):

@@ -1,7 +1,8 @@
 """The verified read paths: the one place that decides whether a record may be served.
 
 `RecordReader.read_into` serves a record into the caller's buffers; `verify_file` checks a
-record found on disk (for `check`) with the same rules, streaming, without holding it whole.
+record found on disk (for `check`) with the same rules: a small one read whole in one pread, a
+larger one streamed, without holding it whole.
 Both raise a format.FormatError naming the broken rule; the store turns that into a miss.
 The rules, their order and the rule a failure names are record/verifier.py's: this module
 decides only how the bytes are read.
@@ -11,7 +12,9 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import os
+import re
 import stat
 import time
 
@@ -19,13 +22,26 @@ from ..record import format as fmt
 from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
-from .layout import RECORD_OPEN_FLAGS, FileEntry, StoreLayout, is_regular, record_filename
+from .layout import (
+    RECORD_OPEN_FLAGS,
+    RECORD_SUFFIX,
+    FileEntry,
+    StoreLayout,
+    is_regular,
+    record_filename,
+)
 from .payload import IOV_MAX, READ_CHUNK_BYTES, ScratchBuffers, read_plain_into, read_sealed_into
 
 # What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
 # symlink, a socket, a directory, a FIFO read with an offset).
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
 FAST_READ_MAX_BYTES = 1 << 20
+# `verify_file` reads a record file of at most this many bytes whole, in one pread, and checks
+# it from that buffer; a larger one is streamed READ_CHUNK_BYTES at a time (never held whole).
+VERIFY_WHOLE_MAX_BYTES = READ_CHUNK_BYTES
+# The file name of a record of a 64-hex key (record_filename: the key, then the suffix).
+_HEX_RECORD_NAME = re.compile("[0-9a-f]{64}" + re.escape(RECORD_SUFFIX))
+_ZERO_DIGEST_FIELD = bytes(32)
 # preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere).
 # A hint, not a promise: on a fast virtual disk the readahead it starts sometimes completes
 # and the read is served. Only where a read runs depends on it, never what it returns.
@@ -93,6 +109,8 @@ def open_record(path: str, *, check_regular: bool = True, dir_fd: int | None = N
 
 class RecordReader:
     """Reads records of one store root, verifying every rule of docs/FORMAT.md."""
+
+    verify_whole_max_bytes = VERIFY_WHOLE_MAX_BYTES  # (a test sets it on an instance)
 
     def __init__(self, layout: StoreLayout, codec: RecordCodec, *, read_only: bool = False):
         self.layout = layout
@@ -309,38 +327,150 @@ class RecordReader:
 
     # ------------------------------------------------------------- checking files on disk
 
-    def verify_file(self, entry: FileEntry, namespace: Namespace | None) -> fmt.Header:
-        """Applies every rule to a record file found by a scan, reading it piece by piece.
-        `namespace` is what the directory's namespace.json describes (None if unreadable);
-        the key is the record's own echo, which must match the file name (V10)."""
-        fd = self.open_record(entry.dirname, entry.name)
+    def verify_file(self, entry: FileEntry, namespace: Namespace | None) -> None:
+        """Applies every rule to a record file found by a scan; raises format.FormatError
+        or OSError. `namespace` is what the directory's namespace.json describes (None if
+        unreadable); the key is the record's own echo, which must match the file name (V10).
+        A file of at most `verify_whole_max_bytes` is read whole in one pread and checked
+        from that buffer; a larger one piece by piece, never held whole. Both name the same
+        rule."""
+        fd = open_record(
+            entry.name, check_regular=False, dir_fd=self.layout.namespace_fd(entry.dirname)
+        )
         try:
-            file_len = os.fstat(fd).st_size
-            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-            header = fmt.parse_header(prefix, file_len)
-            # The key asked for is the one the file name stands for (V10); the namespace, the
-            # directory's (V11); then the rules of any read (verifier).
-            if record_filename(header.key.decode("utf-8", "surrogateescape")) != entry.name:
-                raise fmt.KeyMismatchError("file name does not match the record's key")
-            if header.namespace.hex()[:32] != entry.dirname:
-                raise fmt.NamespaceMismatchError("record is not of its directory's namespace")
-            expected_namespace = header.namespace if namespace is None else namespace.digest
-            self.codec.check_identity(header, header.key, expected_namespace)
-            tenant = namespace.tenant if namespace is not None else None
-            header_bytes = prefix[: header.header_len]
-            verifier.check_page_size(
-                header,
-                expected_page_bytes(namespace),
-                lambda: self._verify_payload_stream(
-                    fd, header, header_bytes, tenant, decompress=False
-                ),
-            )
-            self._verify_payload_stream(fd, header, header_bytes, tenant)
-            if header.encrypted:
-                self._key_proven.add(entry.dirname)
-            return header
+            info = os.fstat(fd)  # the only one: V0 and the file's length
+            if not stat.S_ISREG(info.st_mode):
+                raise fmt.NotARegularFileError(f"{entry.name} is not a regular file")
+            file_len = info.st_size
+            if file_len <= self.verify_whole_max_bytes:
+                data = os.pread(fd, file_len, 0)
+                if len(data) != file_len:
+                    raise fmt.LengthMismatchError("record shrank while being read")
+                if not self._is_sound_plain_page(entry, namespace, data):
+                    self._verify_whole(entry, namespace, data)
+            else:
+                self._verify_streamed(fd, file_len, entry, namespace)
         finally:
             os.close(fd)
+
+    def _is_sound_plain_page(self, entry: FileEntry, namespace, data: bytes) -> bool:
+        """True only if `data`, a whole record file, passes every rule as a plain,
+        uncompressed record of a 64-hex key (SGLang's page hashes) of the directory's
+        namespace, in a store without encryption: its first bytes are then the one header
+        check_header accepts (expected_plain_header, as on the page-cache read path), its
+        echo the file name's key and its digest matches. On any doubt False: the caller
+        applies the rules one by one, which name the one that failed (or pass a sound
+        record of another form)."""
+        codec = self.codec
+        name = entry.name
+        if (
+            namespace is None
+            or codec.encrypted
+            or not codec.digest_bytes  # (a record without a digest: the policy decides)
+            or namespace.dirname != entry.dirname
+            or not _HEX_RECORD_NAME.fullmatch(name)  # record_filename(name[:64]) is name
+        ):
+            return False
+        header_len = fmt.FIXED_HEADER_BYTES + 64
+        raw_len = len(data) - header_len
+        page_bytes = expected_page_bytes(namespace)
+        if raw_len < 0 or (page_bytes is not None and raw_len != page_bytes):
+            return False
+        digest_end = fmt.DIGEST_OFFSET + codec.digest_bytes
+        if not (
+            data.startswith(codec.expected_plain_header(namespace, 64, raw_len))
+            and data.startswith(name[:64].encode("ascii"), fmt.FIXED_HEADER_BYTES)
+            and data.startswith(codec.digest_padding, digest_end)
+        ):
+            return False
+        view = memoryview(data)
+        digest = verifier.Digest(codec.digest_alg, data[fmt.DIGEST_OFFSET : digest_end])
+        digest.update(view[: fmt.DIGEST_OFFSET])
+        digest.update(_ZERO_DIGEST_FIELD)  # hashed as zeros; then the key echo and payload
+        digest.update(view[fmt.FIXED_HEADER_BYTES :])
+        return digest.matches()
+
+    def _check_found(self, header: fmt.Header, entry: FileEntry, namespace) -> None:
+        """V10-V12 for a record found by a scan: the key asked for is the one the file name
+        stands for (V10); the namespace, the directory's (V11); then the reader's policy."""
+        if record_filename(header.key.decode("utf-8", "surrogateescape")) != entry.name:
+            raise fmt.KeyMismatchError("file name does not match the record's key")
+        if header.namespace.hex()[:32] != entry.dirname:
+            raise fmt.NamespaceMismatchError("record is not of its directory's namespace")
+        expected_namespace = header.namespace if namespace is None else namespace.digest
+        self.codec.check_identity(header, header.key, expected_namespace)
+
+    def _verify_whole(self, entry: FileEntry, namespace, data: bytes) -> None:
+        """verify_file on a record file read whole into `data`: the same rules in the same
+        order as _verify_streamed, over views of the one buffer (no copy of the payload)."""
+        view = memoryview(data)
+        header = fmt.parse_header(view, len(data))
+        self._check_found(header, entry, namespace)
+        tenant = namespace.tenant if namespace is not None else None
+        header_len = header.header_len
+        header_bytes, payload = view[:header_len], view[header_len:]
+        verifier.check_page_size(
+            header,
+            expected_page_bytes(namespace),
+            lambda: self._verify_payload_buffer(
+                header, header_bytes, payload, tenant, decompress=False
+            ),
+        )
+        self._verify_payload_buffer(header, header_bytes, payload, tenant)
+        if header.encrypted:
+            self._key_proven.add(entry.dirname)
+
+    def _verify_payload_buffer(
+        self, header, header_bytes, payload, tenant: str | None, decompress: bool = True
+    ) -> None:
+        """_verify_payload_stream over a payload held in memory, step for step: the same
+        checks, the same rule named for the same damage."""
+        digest = verifier.Digest.of(header, header_bytes)
+        decryptor = None
+        body = payload
+        if header.encrypted:
+            cipher = self.codec.cipher(tenant) if tenant is not None else None
+            if cipher is None:
+                raise verifier.no_key()
+            body_len = len(payload) - fmt.TAG_BYTES
+            body = payload[:body_len]
+            tag = bytes(payload[body_len:])
+            decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
+        digest.update(body)
+        decoded_len, undecodable = header.raw_len, None
+        if header.compressed and decompress:
+            frame = decryptor.update(body) if decryptor is not None else bytes(body)
+            try:
+                decoded_len = _decoded_length(io.BytesIO(frame), header.raw_len)
+            except fmt.DecompressionError as error:
+                undecodable = error
+        else:
+            if decryptor is not None:
+                decryptor.update(body)  # the tag covers every byte
+            if not header.compressed:
+                decoded_len = len(body)
+        digest.finish()
+        if decryptor is not None:
+            verifier.finish_tag(decryptor)
+        if undecodable is not None:
+            raise undecodable
+        verifier.check_decoded_length(decoded_len, header)
+
+    def _verify_streamed(self, fd, file_len: int, entry: FileEntry, namespace) -> None:
+        """verify_file on a record file read piece by piece (one larger than a read)."""
+        prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
+        header = fmt.parse_header(prefix, file_len)
+        self._check_found(header, entry, namespace)
+        tenant = namespace.tenant if namespace is not None else None
+        header_bytes = prefix[: header.header_len]
+        verifier.check_page_size(
+            header,
+            expected_page_bytes(namespace),
+            lambda: self._verify_payload_stream(fd, header, header_bytes, tenant, decompress=False),
+        )
+        self._verify_payload_stream(fd, header, header_bytes, tenant)
+        if header.encrypted:
+            self._key_proven.add(entry.dirname)
 
     def _verify_payload_stream(
         self, fd, header, header_bytes, tenant: str | None, decompress: bool = True
