@@ -314,3 +314,41 @@ def test_a_bug_in_the_page_cache_path_is_counted_and_the_record_still_served(tmp
     assert store.get_into(NS, KEY, out) and out == page
     assert store.counters.snapshot()["unexpected_errors"] == 1
     store.close()
+
+
+def test_check_with_threads_gives_the_same_report(tmp_path):
+    """`galahad verify` with threads checks a small record whose bytes are in the page cache
+    on its own thread (RWF_NOWAIT) and hands the others to the pool: the report is the one
+    a single thread makes, damage and all, whichever way each record went. Records here are
+    of two sizes with the whole-read limit between them (the larger always go to the pool),
+    and some are dropped from the page cache (posix_fadvise, where the kernel honours it)."""
+    namespace = Namespace("tenant-a", "model-fp-1", "kv-sizes", {"layers": 2})
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store.register_namespace(namespace)
+    keys = [f"{index:064x}" for index in range(300)]
+    sizes = [4096 if index % 3 else 65_536 for index in range(300)]
+    pages = [content(key, size) for key, size in zip(keys, sizes, strict=True)]
+    assert all(store.put_many(namespace, keys, pages))
+    directory = store.layout.namespace_dir(namespace.dirname)
+    for index in range(0, 300, 7):  # damaged: the last payload byte, or the magic
+        path = os.path.join(directory, record_filename(keys[index]))
+        with open(path, "rb") as record:
+            data = bytearray(record.read())
+        data[-1 if index % 2 else 0] ^= 0x01
+        with open(path, "wb") as record:
+            record.write(data)
+    for index in range(0, 300, 5):
+        fd = os.open(os.path.join(directory, record_filename(keys[index])), os.O_RDONLY)
+        os.fsync(fd)
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        os.close(fd)
+    store.reader.verify_whole_max_bytes = 32_768
+    reports = [store.check(threads=threads).as_dict() for threads in (1, 4, 1)]
+    for report in reports:
+        for name in ("elapsed_s", "records_per_s", "mb_per_s"):
+            del report[name]
+    assert reports[0] == reports[1] == reports[2]
+    damaged = reports[0]["damaged"]
+    assert len(damaged) == len(range(0, 300, 7)) and reports[0]["records"] == 300 - len(damaged)
+    assert {problem.split(":")[0] for _, problem in damaged} == {"V2", "V13"}
+    store.close()

@@ -22,6 +22,7 @@ from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
 from .reader import RecordReader, reader_may_be_wrong
 
 CHUNK_RECORDS = 1024  # records verified at once (check streams the walk)
+_WAITS = object()  # a record that is not all in the page cache: for the pool
 TASK_RECORDS = 64  # records one thread verifies per hand-off (a future per record cost more)
 
 
@@ -194,10 +195,12 @@ class Checker:
                         os.unlink(entry.path)
 
     def _verified(self, entries, pool, dirname: str):
-        """(entry, error or None) for each record, streamed: CHUNK_RECORDS at a time (over
-        the pool, TASK_RECORDS per hand-off, when there is one), so memory stays bounded
-        whatever the number of records. The directory's namespace.json is looked up once a
-        chunk (it is cached for seconds anyway), not once a record."""
+        """(entry, error or None) for each record, in order, streamed: CHUNK_RECORDS at a
+        time, so memory stays bounded whatever the number of records. With a pool, a small
+        record whose bytes are all in the page cache is checked on this thread (the threads
+        would only contend for the interpreter); the others go to the pool, TASK_RECORDS per
+        hand-off, as soon as that many are found. The directory's namespace.json is looked
+        up once a chunk (it is cached for seconds anyway), not once a record."""
         iterator = iter(entries)
         load_namespace = self.layout.load_namespace_cached
         while True:
@@ -208,10 +211,29 @@ class Checker:
             if pool is None:
                 yield from zip(chunk, self._verify_all(chunk, namespace), strict=True)
                 continue
-            tasks = [chunk[i : i + TASK_RECORDS] for i in range(0, len(chunk), TASK_RECORDS)]
-            errors_of = pool.map(self._verify_all, tasks, itertools.repeat(namespace))
-            for task, errors in zip(tasks, errors_of, strict=True):
-                yield from zip(task, errors, strict=True)
+            results, waiting, futures = [], [], []
+            for entry in chunk:
+                result = self._verify_cached(entry, namespace)
+                results.append(result)
+                if result is _WAITS:
+                    waiting.append(entry)
+                    if len(waiting) == TASK_RECORDS:
+                        futures.append(pool.submit(self._verify_all, waiting, namespace))
+                        waiting = []
+            if waiting:
+                futures.append(pool.submit(self._verify_all, waiting, namespace))
+            waited = itertools.chain.from_iterable(future.result() for future in futures)
+            for entry, result in zip(chunk, results, strict=True):
+                yield entry, next(waited) if result is _WAITS else result
+
+    def _verify_cached(self, entry: FileEntry, namespace):
+        """The error (or None) of a record checked from the page cache, or _WAITS."""
+        try:
+            if not self.reader.verify_file(entry, namespace, nowait=True):
+                return _WAITS
+        except (fmt.FormatError, OSError) as error:
+            return error
+        return None
 
     def _verify_all(self, entries: list, namespace) -> list:
         """The error (or None) of each record of one namespace."""

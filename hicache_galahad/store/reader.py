@@ -327,13 +327,20 @@ class RecordReader:
 
     # ------------------------------------------------------------- checking files on disk
 
-    def verify_file(self, entry: FileEntry, namespace: Namespace | None) -> None:
+    def verify_file(
+        self, entry: FileEntry, namespace: Namespace | None, nowait: bool = False
+    ) -> bool:
         """Applies every rule to a record file found by a scan; raises format.FormatError
         or OSError. `namespace` is what the directory's namespace.json describes (None if
         unreadable); the key is the record's own echo, which must match the file name (V10).
         A file of at most `verify_whole_max_bytes` is read whole in one pread and checked
         from that buffer; a larger one piece by piece, never held whole. Both name the same
-        rule."""
+        rule. True once checked. With `nowait`, only a small file whose bytes are all in the
+        page cache is checked (read with RWF_NOWAIT, never waiting for the disk): False,
+        nothing decided, for any other (the caller checks it again without `nowait`, on a
+        thread that may wait)."""
+        if nowait and not self._nowait_works:
+            return False
         fd = open_record(
             entry.name, check_regular=False, dir_fd=self.layout.namespace_fd(entry.dirname)
         )
@@ -342,18 +349,33 @@ class RecordReader:
             if not stat.S_ISREG(info.st_mode):
                 raise fmt.NotARegularFileError(f"{entry.name} is not a regular file")
             file_len = info.st_size
-            if file_len <= self.verify_whole_max_bytes:
+            if file_len > self.verify_whole_max_bytes:
+                if nowait:
+                    return False
+                self._verify_streamed(fd, file_len, entry, namespace)
+                return True
+            if nowait:
+                data = bytearray(file_len)
+                try:
+                    if os.preadv(fd, [data], 0, RWF_NOWAIT) != file_len:
+                        return False  # (not all cached, or it changed: read it again)
+                except OSError as error:
+                    if error.errno in (errno.EOPNOTSUPP, errno.EINVAL):
+                        self._nowait_works = False  # a kernel or filesystem without it
+                    elif error.errno != errno.EAGAIN:
+                        raise
+                    return False
+            else:
                 data = os.pread(fd, file_len, 0)
                 if len(data) != file_len:
                     raise fmt.LengthMismatchError("record shrank while being read")
-                if not self._is_sound_plain_page(entry, namespace, data):
-                    self._verify_whole(entry, namespace, data)
-            else:
-                self._verify_streamed(fd, file_len, entry, namespace)
+            if not self._is_sound_plain_page(entry, namespace, data):
+                self._verify_whole(entry, namespace, data)
+            return True
         finally:
             os.close(fd)
 
-    def _is_sound_plain_page(self, entry: FileEntry, namespace, data: bytes) -> bool:
+    def _is_sound_plain_page(self, entry: FileEntry, namespace, data) -> bool:
         """True only if `data`, a whole record file, passes every rule as a plain,
         uncompressed record of a 64-hex key (SGLang's page hashes) of the directory's
         namespace, in a store without encryption: its first bytes are then the one header
@@ -400,7 +422,7 @@ class RecordReader:
         expected_namespace = header.namespace if namespace is None else namespace.digest
         self.codec.check_identity(header, header.key, expected_namespace)
 
-    def _verify_whole(self, entry: FileEntry, namespace, data: bytes) -> None:
+    def _verify_whole(self, entry: FileEntry, namespace, data) -> None:
         """verify_file on a record file read whole into `data`: the same rules in the same
         order as _verify_streamed, over views of the one buffer (no copy of the payload)."""
         view = memoryview(data)
