@@ -39,6 +39,10 @@ FAST_READ_MAX_BYTES = 1 << 20
 # `verify_file` reads a record file of at most this many bytes whole, in one pread, and checks
 # it from that buffer; a larger one is streamed READ_CHUNK_BYTES at a time (never held whole).
 VERIFY_WHOLE_MAX_BYTES = READ_CHUNK_BYTES
+# verify_file(nowait=True) (`check` with threads: on the calling thread, from the page cache)
+# takes a record of at most this: a larger one's digest, decryption or decompression is worth
+# a thread of its own, where it runs beside the others.
+VERIFY_CACHED_MAX_BYTES = 1 << 16
 # The file name of a record of a 64-hex key (record_filename: the key, then the suffix).
 _HEX_RECORD_NAME = re.compile("[0-9a-f]{64}" + re.escape(RECORD_SUFFIX))
 _ZERO_DIGEST_FIELD = bytes(32)
@@ -335,10 +339,10 @@ class RecordReader:
         unreadable); the key is the record's own echo, which must match the file name (V10).
         A file of at most `verify_whole_max_bytes` is read whole in one pread and checked
         from that buffer; a larger one piece by piece, never held whole. Both name the same
-        rule. True once checked. With `nowait`, only a small file whose bytes are all in the
-        page cache is checked (read with RWF_NOWAIT, never waiting for the disk): False,
-        nothing decided, for any other (the caller checks it again without `nowait`, on a
-        thread that may wait)."""
+        rule. True once checked. With `nowait`, only a file read whole, of at most
+        VERIFY_CACHED_MAX_BYTES, whose bytes are all in the page cache is checked (read with
+        RWF_NOWAIT, never waiting for the disk): False, nothing decided, for any other (the
+        caller checks it again without `nowait`, on a thread that may wait)."""
         if nowait and not self._nowait_works:
             return False
         fd = open_record(
@@ -349,9 +353,9 @@ class RecordReader:
             if not stat.S_ISREG(info.st_mode):
                 raise fmt.NotARegularFileError(f"{entry.name} is not a regular file")
             file_len = info.st_size
+            if nowait and file_len > min(VERIFY_CACHED_MAX_BYTES, self.verify_whole_max_bytes):
+                return False
             if file_len > self.verify_whole_max_bytes:
-                if nowait:
-                    return False
                 self._verify_streamed(fd, file_len, entry, namespace)
                 return True
             if nowait:
