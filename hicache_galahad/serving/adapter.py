@@ -323,9 +323,8 @@ class GalahadStorage(HiCacheStorage):
 
         if self.exporter is not None:
             self.exporter.sync(self.store.counters.snapshot())
-            pins = getattr(getattr(self.store, "local", self.store), "pins", None)  # one stat
-            if pins is not None:
-                self.exporter.set_pinned_bytes(pins.cached_by_tenant().get(self.options.tenant, 0))
+            pinned = self.store.pinned_bytes_by_tenant(cached=True)  # one stat
+            self.exporter.set_pinned_bytes(pinned.get(self.options.tenant, 0))
         with self._stats_lock:
             (prefetch_pages, prefetch_gbps), (backup_pages, backup_gbps) = (
                 self._batches["prefetch"],

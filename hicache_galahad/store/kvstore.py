@@ -102,8 +102,8 @@ class KVStore(Protocol):
     ) -> int:
         """Unpins a document's records, a tenant's, or all; the bytes no longer pinned."""
 
-    def pinned_bytes_by_tenant(self) -> dict[str, int]:
-        """The local store's pinned bytes per tenant."""
+    def pinned_bytes_by_tenant(self, *, cached: bool = False) -> dict[str, int]:
+        """The local store's pinned bytes per tenant (`cached`: as last written, one stat)."""
 
     def stats(self) -> StoreStats:
         """The store's counters and sizes (a tier adds its own: a subclass of StoreStats)."""

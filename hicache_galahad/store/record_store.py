@@ -506,9 +506,10 @@ class RecordStore:
         pinned (a record another document pins stays pinned)."""
         return self.pins.unpin(document=document, tenant=tenant, everything=everything)
 
-    def pinned_bytes_by_tenant(self) -> dict[str, int]:
-        """Pinned bytes per tenant (a small file under pins/: O(tenants))."""
-        return self.pins.by_tenant()
+    def pinned_bytes_by_tenant(self, *, cached: bool = False) -> dict[str, int]:
+        """Pinned bytes per tenant (a small file under pins/: O(tenants)); `cached`: as last
+        written, without the pins' lock (one stat; for metrics)."""
+        return self.pins.cached_by_tenant() if cached else self.pins.by_tenant()
 
     def _drop_pin(self, dirname: str, filename: str | None) -> None:
         """A record left its namespace (deleted, purged, quarantined): its pin goes too,

@@ -196,9 +196,9 @@ class TieredStore:
         """RecordStore.unpin on the local store (pins are local)."""
         return self.local.unpin(document=document, tenant=tenant, everything=everything)
 
-    def pinned_bytes_by_tenant(self) -> dict[str, int]:
+    def pinned_bytes_by_tenant(self, *, cached: bool = False) -> dict[str, int]:
         """The local store's pinned bytes per tenant (pins are local)."""
-        return self.local.pinned_bytes_by_tenant()
+        return self.local.pinned_bytes_by_tenant(cached=cached)
 
     # ------------------------------------------------------------- lookups
 
