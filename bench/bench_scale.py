@@ -20,7 +20,7 @@ kept under --cache for later runs; for each N, in fresh processes:
   stats/verify `galahad stats` (from the ledger's namespace counts: no record read; a root
                whose ledger predates the counts gets `stats --recount` once first, timed
                apart) and `galahad stats --exact` (a walk); `galahad verify` wall time, peak
-               RSS and its own rate (records/s, MB/s of records read), beside a plain read
+               RSS and its own rate (records/s, MB/s of records read), beside a lean read
                of every record file in one thread with no check (the rate verify is held to)
   file evict   HiCacheFile with max_size at the root's size: one put (it evicts to 90%)
 
@@ -617,28 +617,33 @@ def measure_galahad(n, root, args, work, cold_how) -> dict:
         fig["verify MB/s"] = report.get("mb_per_s")
         fig["verify records/s (wall)"] = n / fig["verify s"]
         plain_s, files = _read_every_file(root)
-        fig["plain read of every file, files/s"] = files / plain_s
-        fig["verify / plain read"] = (
-            fig["verify records/s"] / fig["plain read of every file, files/s"]
+        fig["lean read of every file, files/s"] = files / plain_s
+        fig["verify / lean read"] = (
+            fig["verify records/s"] / fig["lean read of every file, files/s"]
         )
     return fig
 
 
 def _read_every_file(root) -> tuple[float, int]:
-    """The limit verify is held to: one thread opening and reading every record file, with
-    no check at all (seconds, files)."""
+    """The limit verify is held to: one thread reading every record file whole into one
+    reused buffer, each opened relative to its directory's descriptor, with no check at all
+    (seconds, files)."""
+    buffer = bytearray(1 << 20)
     start, files = time.perf_counter(), 0
     with os.scandir(os.path.join(root, "ns")) as namespaces:
         for directory in namespaces:
             if not directory.is_dir(follow_symlinks=False):
                 continue
-            with os.scandir(directory.path) as entries:
-                for entry in entries:
-                    if entry.name.endswith(".rec"):
-                        fd = os.open(entry.path, os.O_RDONLY)
-                        os.read(fd, 1 << 20)
+            dir_fd = os.open(directory.path, os.O_RDONLY | os.O_DIRECTORY)
+            try:
+                for name in os.listdir(dir_fd):
+                    if name.endswith(".rec"):
+                        fd = os.open(name, os.O_RDONLY, dir_fd=dir_fd)
+                        os.readv(fd, [buffer])
                         os.close(fd)
                         files += 1
+            finally:
+                os.close(dir_fd)
     return time.perf_counter() - start, files
 
 
