@@ -10,12 +10,12 @@ committed bytes were rewritten to a plausible but false figure cannot make a put
 
 from __future__ import annotations
 
-import os
 import random
 import struct
 from pathlib import Path
 
 import pytest
+from support.store_helpers import count_directory_entries
 
 from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
@@ -237,28 +237,6 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
 # ----------------------------------------------------------------------------- no walk
 
 
-class _CountingListing:
-    def __init__(self, listing, counter):
-        self._listing, self._counter = listing, counter
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        entry = next(self._listing)
-        self._counter[0] += 1
-        return entry
-
-    def close(self):
-        self._listing.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, capsys):
     root = str(tmp_path / "store")
     records = 20_000
@@ -269,16 +247,7 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
             keys = [key(i) for i in range(first, first + 1000)]
             namespace = ALICE if first < records // 2 else BOB
             assert all(store.put_many(namespace, keys, [b"r" * 64] * len(keys)))
-    counter = [0]
-    real_scandir, real_listdir = os.scandir, os.listdir
-    monkeypatch.setattr(
-        os, "scandir", lambda *a, **k: _CountingListing(real_scandir(*a, **k), counter)
-    )
-    monkeypatch.setattr(
-        os,
-        "listdir",
-        lambda *a, **k: counter.__setitem__(0, counter[0] + len(n := real_listdir(*a, **k))) or n,
-    )
+    counter = count_directory_entries(monkeypatch)
     assert cli.main(["stats", "--root", root, "--json"]) == 0
     import json
 

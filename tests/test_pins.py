@@ -25,6 +25,7 @@ from support.store_helpers import (
     checked_get,
     children,
     content,
+    count_directory_entries,
     helper_env,
     read_line,
 )
@@ -653,42 +654,10 @@ def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path,
         rng = random.Random(5)
         pinned = [key for key in keys if rng.random() < 0.9]
         assert store.pin(NS_A, pinned, "most").pinned_records == len(pinned)
-    read = [0]
-    real_scandir = os.scandir
-
-    class Counting:
-        def __init__(self, listing):
-            self._listing = listing
-
-        def __iter__(self):
-            return self
-
-        def __next__(self):
-            entry = next(self._listing)
-            read[0] += 1
-            return entry
-
-        def close(self):
-            self._listing.close()
-
-        def __enter__(self):
-            return self
-
-        def __exit__(self, *exc):
-            self.close()
-
     with RecordStore(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
-        monkeypatch.setattr(os, "scandir", lambda *a, **k: Counting(real_scandir(*a, **k)))
-        real_listdir = os.listdir
-
-        def listdir(*args, **kwargs):
-            names = real_listdir(*args, **kwargs)
-            read[0] += len(names)
-            return names
-
-        monkeypatch.setattr(os, "listdir", listdir)
+        read = count_directory_entries(monkeypatch)
         most = 0
         for index in range(40):
             new = f"{count + index:064x}"

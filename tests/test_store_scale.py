@@ -10,10 +10,10 @@ paths must read a few hundred at most, whatever the root holds.
 
 from __future__ import annotations
 
-import os
 import shutil
 
 import pytest
+from support.store_helpers import count_directory_entries
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
@@ -29,45 +29,10 @@ def key(index: int) -> str:
     return f"{index:064x}"
 
 
-class _CountingListing:
-    def __init__(self, listing, counter):
-        self._listing, self._counter = listing, counter
-
-    def __iter__(self):
-        return self
-
-    def __next__(self):
-        entry = next(self._listing)
-        self._counter[0] += 1
-        return entry
-
-    def close(self):
-        self._listing.close()
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
-
 @pytest.fixture
 def entries_read(monkeypatch):
     """[count]: directory entries read through os.scandir and os.listdir since last reset."""
-    counter = [0]
-    real_scandir, real_listdir = os.scandir, os.listdir
-
-    def scandir(*args, **kwargs):
-        return _CountingListing(real_scandir(*args, **kwargs), counter)
-
-    def listdir(*args, **kwargs):
-        names = real_listdir(*args, **kwargs)
-        counter[0] += len(names)
-        return names
-
-    monkeypatch.setattr(os, "scandir", scandir)
-    monkeypatch.setattr(os, "listdir", listdir)
-    return counter
+    return count_directory_entries(monkeypatch)
 
 
 def test_no_path_sglang_calls_scans_the_root_at_100k_records(tmp_path, entries_read):

@@ -172,3 +172,45 @@ def run_json(*args, timeout_s: float = 120) -> dict:
         stop(process)
     assert process.returncode == 0, f"child {args} failed ({process.returncode}): {err}"
     return json.loads(out.strip().splitlines()[-1])
+
+
+class _CountingListing:
+    """An os.scandir iterator that counts the entries it hands out."""
+
+    def __init__(self, listing, counter: list):
+        self._listing, self._counter = listing, counter
+
+    def __iter__(self):
+        return self
+
+    def __next__(self):
+        entry = next(self._listing)
+        self._counter[0] += 1
+        return entry
+
+    def close(self):
+        self._listing.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def count_directory_entries(monkeypatch) -> list:
+    """[count]: the directory entries read through os.scandir and os.listdir from now on (a
+    measurement of what code reads, not of how long it takes); reset by assigning [0]."""
+    counter = [0]
+    real_scandir, real_listdir = os.scandir, os.listdir
+
+    def listdir(*args, **kwargs):
+        names = real_listdir(*args, **kwargs)
+        counter[0] += len(names)
+        return names
+
+    monkeypatch.setattr(
+        os, "scandir", lambda *a, **k: _CountingListing(real_scandir(*a, **k), counter)
+    )
+    monkeypatch.setattr(os, "listdir", listdir)
+    return counter
