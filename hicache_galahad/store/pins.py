@@ -109,6 +109,21 @@ def _plain(name: str) -> bool:
     return bool(name) and name not in (".", "..") and "/" not in name and "\0" not in name
 
 
+def _open_dir(name: str, parent_fd: int, shown_path: str) -> int | None:
+    """A directory below `parent_fd`, never through a link (PinsDirError naming
+    `shown_path`); None when it is not there."""
+    try:
+        return os.open(name, DIR_FLAGS, dir_fd=parent_fd)
+    except FileNotFoundError:
+        return None
+    except OSError as error:
+        if error.errno in (errno.ELOOP, errno.ENOTDIR):
+            raise PinsDirError(
+                error.errno, "a symbolic link or not a directory (never followed)", shown_path
+            ) from None
+        raise
+
+
 class _Dirs:
     """Descriptors of the directories under `pins/` used by one locked section (opened
     without following links, created on demand), closed together."""
@@ -136,19 +151,9 @@ class _Dirs:
             with contextlib.suppress(FileExistsError):
                 os.mkdir(name, 0o755, dir_fd=parent)
                 self.touched.add(parts[:-1])
-        try:
-            fd = os.open(name, DIR_FLAGS, dir_fd=parent)
-        except FileNotFoundError:
-            return None
-        except OSError as error:
-            if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                raise PinsDirError(
-                    error.errno,
-                    "a symbolic link or not a directory (never followed)",
-                    os.path.join(PINS_DIR, *parts),
-                ) from None
-            raise
-        self._fds[parts] = fd
+        fd = _open_dir(name, parent, os.path.join(PINS_DIR, *parts))
+        if fd is not None:
+            self._fds[parts] = fd
         return fd
 
     def forget(self, *parts: str) -> None:
@@ -255,18 +260,7 @@ class Pins:
             if create:
                 with contextlib.suppress(FileExistsError):
                     os.mkdir(PINS_DIR, 0o755, dir_fd=root_fd)
-            try:
-                return os.open(PINS_DIR, DIR_FLAGS, dir_fd=root_fd)
-            except FileNotFoundError:
-                return None
-            except OSError as error:
-                if error.errno in (errno.ELOOP, errno.ENOTDIR):
-                    raise PinsDirError(
-                        error.errno,
-                        "a symbolic link or not a directory (never followed)",
-                        self.path,
-                    ) from None
-                raise
+            return _open_dir(PINS_DIR, root_fd, self.path)
         finally:
             os.close(root_fd)
 
