@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import os
 import re
 import stat
@@ -295,8 +294,8 @@ class RecordReader:
         verifier.check_page_size(
             header,
             sum(len(segment) for segment in segments),
-            lambda: self._verify_payload_stream(
-                fd, header, header_bytes, namespace.tenant, decompress=False
+            lambda: self._verify_payload(
+                _file_reader(fd), header, header_bytes, namespace.tenant, decompress=False
             ),
         )
         if not header.compressed and not header.encrypted:
@@ -434,53 +433,15 @@ class RecordReader:
         self._check_found(header, entry, namespace)
         tenant = namespace.tenant if namespace is not None else None
         header_len = header.header_len
-        header_bytes, payload = view[:header_len], view[header_len:]
+        header_bytes, read_at = view[:header_len], _buffer_reader(view)
         verifier.check_page_size(
             header,
             expected_page_bytes(namespace),
-            lambda: self._verify_payload_buffer(
-                header, header_bytes, payload, tenant, decompress=False
-            ),
+            lambda: self._verify_payload(read_at, header, header_bytes, tenant, decompress=False),
         )
-        self._verify_payload_buffer(header, header_bytes, payload, tenant)
+        self._verify_payload(read_at, header, header_bytes, tenant)
         if header.encrypted:
             self._key_proven.add(entry.dirname)
-
-    def _verify_payload_buffer(
-        self, header, header_bytes, payload, tenant: str | None, decompress: bool = True
-    ) -> None:
-        """_verify_payload_stream over a payload held in memory, step for step: the same
-        checks, the same rule named for the same damage."""
-        digest = verifier.Digest.of(header, header_bytes)
-        decryptor = None
-        body = payload
-        if header.encrypted:
-            cipher = self.codec.cipher(tenant) if tenant is not None else None
-            if cipher is None:
-                raise verifier.no_key()
-            body_len = len(payload) - fmt.TAG_BYTES
-            body = payload[:body_len]
-            tag = bytes(payload[body_len:])
-            decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
-        digest.update(body)
-        decoded_len, undecodable = header.raw_len, None
-        if header.compressed and decompress:
-            frame = decryptor.update(body) if decryptor is not None else bytes(body)
-            try:
-                decoded_len = _decoded_length(io.BytesIO(frame), header.raw_len)
-            except fmt.DecompressionError as error:
-                undecodable = error
-        else:
-            if decryptor is not None:
-                decryptor.update(body)  # the tag covers every byte
-            if not header.compressed:
-                decoded_len = len(body)
-        digest.finish()
-        if decryptor is not None:
-            verifier.finish_tag(decryptor)
-        if undecodable is not None:
-            raise undecodable
-        verifier.check_decoded_length(decoded_len, header)
 
     def _verify_streamed(self, fd, file_len: int, entry: FileEntry, namespace) -> None:
         """verify_file on a record file read piece by piece (one larger than a read)."""
@@ -488,21 +449,22 @@ class RecordReader:
         header = fmt.parse_header(prefix, file_len)
         self._check_found(header, entry, namespace)
         tenant = namespace.tenant if namespace is not None else None
-        header_bytes = prefix[: header.header_len]
+        header_bytes, read_at = prefix[: header.header_len], _file_reader(fd)
         verifier.check_page_size(
             header,
             expected_page_bytes(namespace),
-            lambda: self._verify_payload_stream(fd, header, header_bytes, tenant, decompress=False),
+            lambda: self._verify_payload(read_at, header, header_bytes, tenant, decompress=False),
         )
-        self._verify_payload_stream(fd, header, header_bytes, tenant)
+        self._verify_payload(read_at, header, header_bytes, tenant)
         if header.encrypted:
             self._key_proven.add(entry.dirname)
 
-    def _verify_payload_stream(
-        self, fd, header, header_bytes, tenant: str | None, decompress: bool = True
+    def _verify_payload(
+        self, read_at, header, header_bytes, tenant: str | None, decompress: bool = True
     ) -> None:
-        """V13-V15 over the payload, READ_CHUNK_BYTES at a time (V15 only with
-        `decompress`). A frame that fails to decode is named V15 only once the digest or the
+        """V13-V15 over the payload, READ_CHUNK_BYTES at a time from `read_at(size, offset)`
+        (the file's, or a buffer holding the whole file: one chunk for a small record) (V15
+        only with `decompress`). A frame that fails to decode is named V15 only once the digest or the
         tag over the stored bytes has passed: damage to the stored bytes is V13 or V14, as on
         every other path."""
         digest = verifier.Digest.of(header, header_bytes)
@@ -513,9 +475,9 @@ class RecordReader:
             if cipher is None:
                 raise verifier.no_key()
             body_len -= fmt.TAG_BYTES
-            tag = os.pread(fd, fmt.TAG_BYTES, header.header_len + body_len)
+            tag = bytes(read_at(fmt.TAG_BYTES, header.header_len + body_len))
             decryptor = cipher.decryptor(header.nonce, tag, bytes(header_bytes))
-        source = _PayloadSource(fd, header.header_len, body_len, digest, decryptor)
+        source = _PayloadSource(read_at, header.header_len, body_len, digest, decryptor)
         decoded_len, undecodable = header.raw_len, None
         if header.compressed and decompress:
             try:
@@ -533,18 +495,28 @@ class RecordReader:
         verifier.check_decoded_length(decoded_len, header)
 
 
+def _file_reader(fd: int):
+    """read_at(size, offset) over a record file."""
+    return lambda size, offset: os.pread(fd, size, offset)
+
+
+def _buffer_reader(view: memoryview):
+    """read_at(size, offset) over a record file held whole in memory (views, no copy)."""
+    return lambda size, offset: view[offset : offset + size]
+
+
 class _PayloadSource:
     """A record's payload as a file-like source that hashes and decrypts what it hands out."""
 
-    def __init__(self, fd: int, start: int, length: int, digest, decryptor):
-        self._fd, self._position, self._end = fd, start, start + length
+    def __init__(self, read_at, start: int, length: int, digest, decryptor):
+        self._read_at, self._position, self._end = read_at, start, start + length
         self._digest, self._decryptor = digest, decryptor
 
     def read(self, size: int = -1) -> bytes:
         size = self._end - self._position if size < 0 else min(size, self._end - self._position)
         if size <= 0:
             return b""
-        data = os.pread(self._fd, size, self._position)
+        data = self._read_at(size, self._position)
         if len(data) != size:
             raise fmt.LengthMismatchError("record shrank while being read")
         self._position += size
