@@ -536,3 +536,22 @@ def test_stats_counts_regular_records_as_the_ledger_does_and_lists_the_rest_apar
     assert report["namespaces"][0]["unreadable_headers"] == 1
     text = galahad("stats", "--root", root, "--exact").stdout
     assert "GiB on disk" not in text.splitlines()[0] and "not a record (fifo)" in text
+
+
+def test_a_temp_file_is_judged_by_its_writers_token_only():
+    """A temp file's writer is the store token in its name, alive while its lock is held; a
+    name without a token (a pid, anything else) has no writer: stale at once, even when a
+    process of that pid is alive (pids are reused, and are another namespace's)."""
+    from hicache_galahad.store.layout import TEMP_PREFIX, FileEntry, temp_is_stale
+
+    def entry(writer: str, age_s: float = 0.0) -> FileEntry:
+        name = f"{TEMP_PREFIX}{writer}-{'ab' * 32}.rec"
+        mtime_ns = int((time.time() - age_s) * 1e9)
+        return FileEntry("d", name, "/x/" + name, 1, 1, mtime_ns, 1)
+
+    token = "0123456789abcdef"
+    assert not temp_is_stale(entry(token), lambda t: t == token)
+    assert temp_is_stale(entry(token), lambda t: False)
+    assert temp_is_stale(entry(token, age_s=2 * 86400), lambda t: True)  # a day old: stale
+    assert temp_is_stale(entry(str(os.getpid())), lambda t: True)  # a live pid: no writer
+    assert temp_is_stale(entry("not-a-token"), lambda t: True)

@@ -66,7 +66,7 @@ def is_temp_name(name: str) -> bool:
 
 
 def temp_writer(name: str) -> str:
-    """The token (or, for files of older versions, the pid) of a temp file's writer."""
+    """The token of a temp file's writer."""
     return name[len(TEMP_PREFIX) :].split("-", 1)[0]
 
 
@@ -631,15 +631,8 @@ def _names_same_directory(fd: int, name: str, dir_fd: int | None) -> bool:
 def temp_is_stale(entry: FileEntry, is_alive, now_s: float | None = None) -> bool:
     """A temp file is stale when its writer is gone (or it is a day old). `is_alive(token)`
     tells whether the process holding a store token is alive (its lock, never its pid alone);
-    a temp file of an older version, named by pid, by that pid (which may be another pid
-    namespace's: such files also go after a day)."""
+    a temp file not named by a token has no writer."""
     writer = temp_writer(entry.name)
-    if is_token(writer):
-        alive = is_alive(writer)
-    elif writer.isdigit() and len(writer) <= 10:
-        alive = int(writer) == os.getpid() or pid_alive(int(writer))
-    else:
-        alive = False  # no writer of any version names its files so
-    if not alive:
+    if not (is_token(writer) and is_alive(writer)):
         return True
     return (now_s or time.time()) - entry.mtime_ns / 1e9 > STALE_TEMP_AGE_S
