@@ -253,7 +253,9 @@ class Accounting:
     def rebuild(self) -> int:
         """Recounts committed bytes from disk (a walk of every record, under the ledger's
         lock: exact, and writers wait meanwhile) and reclaims reservations of dead processes;
-        returns the ledger's new total. For repairs and operators, never on a put."""
+        returns the ledger's new total. For repairs: an operator's command, or the put that
+        found the ledger damaged or claiming what nothing explains (rebuild_if_due), never a
+        put of a sound ledger."""
         if self.read_only:
             return self.ledger.read()
         with self._rebuild_lock:
