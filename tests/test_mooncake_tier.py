@@ -407,11 +407,22 @@ def test_master_killed_then_restarted(cluster, make_tier):
 def test_stuck_master_bounds_reads_and_recovers(cluster, make_tier):
     tier = connected(make_tier, cluster, timeout_s=1)
     put_all(tier, {"s/a": b"value"})
-    os.killpg(cluster.master.pid, signal.SIGSTOP)
     try:
-        started = time.monotonic()
-        assert tier.get_many(["s/b"], [100]) == [None]
-        assert 0.9 < time.monotonic() - started < 2.0
+        for _ in range(3):
+            # Under load the connection's own probe can mark the stopped master down before
+            # the read starts (then the read is skipped at once, as it must be): stop it again
+            # until a read meets the stuck master itself.
+            os.killpg(cluster.master.pid, signal.SIGSTOP)
+            started = time.monotonic()
+            assert tier.get_many(["s/b"], [100]) == [None]
+            elapsed_s = time.monotonic() - started
+            assert elapsed_s < 2.0  # never longer than timeout_s and a margin
+            if elapsed_s > 0.9:
+                break
+            os.killpg(cluster.master.pid, signal.SIGCONT)
+            wait_until(lambda: tier.available, 15)
+        else:
+            pytest.fail("no read met the stopped master in three tries")
         assert not tier.available  # a read is stuck: no second one is started behind it
         started = time.monotonic()
         assert tier.get_many(["s/a"], [100]) == [None]
