@@ -35,6 +35,8 @@ import e2e_support as e2e
 import pytest
 from support.records import budgeted_files, flip_byte, page_keys, pool_records
 
+import hicache_galahad
+
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 TP = ["--tp-size", "2", "--sleep-on-idle"]
@@ -320,6 +322,10 @@ def run_scenario(spec: Model, tmp_path: Path) -> dict:
     # A restart: both ranks reopen the store and restore the prompt from disk.
     server = spec.serve(model_dir, root, tmp_path, "restart")
     try:
+        # What `galahad ready` says from the store alone (every rank's namespace, or the
+        # shared MLA one) is what the server then restores.
+        (readiness,) = hicache_galahad.ready(server.url, [prompt], root=str(root))
+        assert readiness.restorable_tokens == restored_tokens, readiness
         restored = e2e.generate(server, prompt, MAX_NEW_TOKENS)
         e2e.assert_cached(restored, storage=restored_tokens)
         e2e.assert_same_output(restored, cold)
