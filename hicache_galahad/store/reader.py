@@ -431,25 +431,20 @@ class RecordReader:
         view = memoryview(data)
         header = fmt.parse_header(view, len(data))
         self._check_found(header, entry, namespace)
-        tenant = namespace.tenant if namespace is not None else None
-        header_len = header.header_len
-        header_bytes, read_at = view[:header_len], _buffer_reader(view)
-        verifier.check_page_size(
-            header,
-            expected_page_bytes(namespace),
-            lambda: self._verify_payload(read_at, header, header_bytes, tenant, decompress=False),
-        )
-        self._verify_payload(read_at, header, header_bytes, tenant)
-        if header.encrypted:
-            self._key_proven.add(entry.dirname)
+        header_bytes = view[: header.header_len]
+        self._verify_found(header, header_bytes, _buffer_reader(view), entry, namespace)
 
     def _verify_streamed(self, fd, file_len: int, entry: FileEntry, namespace) -> None:
         """verify_file on a record file read piece by piece (one larger than a read)."""
         prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
         header = fmt.parse_header(prefix, file_len)
         self._check_found(header, entry, namespace)
+        header_bytes = prefix[: header.header_len]
+        self._verify_found(header, header_bytes, _file_reader(fd), entry, namespace)
+
+    def _verify_found(self, header, header_bytes, read_at, entry: FileEntry, namespace) -> None:
+        """V16 then V13-V15 of a record found by a scan, whichever way its bytes are read."""
         tenant = namespace.tenant if namespace is not None else None
-        header_bytes, read_at = prefix[: header.header_len], _file_reader(fd)
         verifier.check_page_size(
             header,
             expected_page_bytes(namespace),
