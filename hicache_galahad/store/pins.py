@@ -835,16 +835,6 @@ class Pins:
                     return {}
         return {tenant: entry["bytes"] for tenant, entry in sorted(state["tenants"].items())}
 
-    def records_by_tenant(self) -> dict[str, int]:
-        fd = self._pins_fd(False) if os.path.isdir(self.path) else None
-        if fd is None:
-            return {}
-        try:
-            state = self._read_state(fd)
-        finally:
-            os.close(fd)
-        return {tenant: entry["records"] for tenant, entry in sorted(state["tenants"].items())}
-
     def cached_by_tenant(self) -> dict[str, int]:
         """Pinned bytes per tenant as last written (no lock: one stat, and a read of the
         small state file only when it changed): for eviction and metrics."""
