@@ -69,7 +69,7 @@ def server_args(
 
 # On CPU, attention over the new queries only (as GPU backends do), so that a restored prefix
 # saves attention work too; see tests/sglang_cpu/patches/sglang_cpu_patches/cpu_attention.py.
-CPU_PATCHES = "host_unpinned,kv_direct_io,extend_new_queries_only"
+CPU_PATCHES = "host_unpinned,kv_direct_io,extend_new_queries_only,fork_children"
 
 
 def cpu_has_fast_bf16() -> bool:

@@ -34,7 +34,7 @@ ENV_VAR = "SGLANG_CPU_TEST_PATCHES"
 VERBOSE_ENV_VAR = "SGLANG_CPU_TEST_PATCHES_VERBOSE"
 
 # Submodules that register patches when imported.
-_SUBMODULES = ("cpu_hicache", "cpu_attention", "cpu_hybrid", "cpu_mla")
+_SUBMODULES = ("cpu_hicache", "cpu_attention", "cpu_hybrid", "cpu_mla", "cpu_startup")
 
 
 @dataclass
