@@ -35,7 +35,9 @@ PAGE_SIZE = 16
 INTERVAL = 64  # C: SGLang's mamba checkpoint grid max(64, P) = the track interval below
 MAX_NEW_TOKENS = 8
 HARNESS_ENV = {
-    "SGLANG_CPU_TEST_PATCHES": ",".join(["host_unpinned", "kv_direct_io", "fork_children", *HYBRID_PATCHES]),
+    "SGLANG_CPU_TEST_PATCHES": ",".join(
+        ["host_unpinned", "kv_direct_io", "fork_children", *HYBRID_PATCHES]
+    ),
     "SGLANG_CPU_TEST_HYBRID": "1",
     "SGLANG_MAMBA_CONV_DTYPE": "float32",
 }
