@@ -181,18 +181,23 @@ _POOL_ROUND_TRIP = textwrap.dedent(
 )
 
 
-@pytest.mark.slow
-@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang not installed")
-def test_real_host_pools_round_trip_under_harness():
+def _python_under_run(script: str) -> subprocess.CompletedProcess:
+    """`script` in a fresh interpreter under tests/sglang_cpu/run with its default patches."""
     env = dict(os.environ, SGLANG_CPU_PYTHON=sys.executable)
     env.pop("SGLANG_CPU_TEST_PATCHES", None)  # the run script's default set
-    proc = subprocess.run(
-        [str(HARNESS_DIR / "run"), sys.executable, "-c", _POOL_ROUND_TRIP],
+    return subprocess.run(
+        [str(HARNESS_DIR / "run"), sys.executable, "-c", script],
         env=env,
         capture_output=True,
         text=True,
         timeout=300,
     )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None, reason="sglang not installed")
+def test_real_host_pools_round_trip_under_harness():
+    proc = _python_under_run(_POOL_ROUND_TRIP)
     assert proc.returncode == 0 and "POOL ROUND TRIP OK" in proc.stdout, (
         proc.stdout[-3000:] + proc.stderr[-3000:]
     )
@@ -296,15 +301,7 @@ def test_fork_children_makes_sglangs_spawn_a_fork_under_the_run_script():
         print(multiprocessing.get_start_method(), engine.mp.Process is multiprocessing.Process)
         """
     )
-    env = dict(os.environ, SGLANG_CPU_PYTHON=sys.executable)
-    env.pop("SGLANG_CPU_TEST_PATCHES", None)  # the run script's default set
-    proc = subprocess.run(
-        [str(HARNESS_DIR / "run"), sys.executable, "-c", script],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=300,
-    )
+    proc = _python_under_run(script)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.strip().splitlines()[-1] == "fork True"
 
