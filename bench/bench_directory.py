@@ -137,10 +137,11 @@ def main() -> None:
                 flush=True,
             )
             shutil.rmtree(root)
-    base = {r["layout"]: r for r in rows if r["n"] == sizes[0]}["flat"]
+    flat = {r["n"]: r for r in rows if r["layout"] == "flat"}
+    base = flat[sizes[0]]
     print(f"\nratio to flat at {sizes[0]:,} (the 1.3x goal) and to flat at the same size:")
     for row in rows:
-        same = next(r for r in rows if r["n"] == row["n"] and r["layout"] == "flat")
+        same = flat[row["n"]]
         cells = [
             f"{key[:-3]} {row[key] / base[key]:.2f}x / {row[key] / same[key]:.2f}x"
             for key in row

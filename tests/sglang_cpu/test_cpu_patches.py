@@ -307,8 +307,8 @@ def test_fork_children_makes_sglangs_spawn_a_fork_under_the_run_script():
 
 
 def test_a_server_group_is_stopped_at_once_and_with_a_grace_sigterm_comes_first(tmp_path):
-    """Server.stop() SIGKILLs the group at once (a SIGTERM only bought SGLang's launcher a 5 s
-    sleep); kill_process_group(grace_s > 0) still sends SIGTERM first and waits."""
+    """Server.stop(), with its default, SIGKILLs the group at once (a SIGTERM only bought
+    SGLang's launcher a 5 s sleep); stop(grace_s > 0) still sends SIGTERM first and waits."""
     import e2e_support as harness  # bench/sglang_server.py
 
     marker = tmp_path / "terminated"
@@ -318,17 +318,18 @@ def test_a_server_group_is_stopped_at_once_and_with_a_grace_sigterm_comes_first(
         "print('ready', flush=True)\n"
         "time.sleep(600)\n"
     )
-    for grace_s in (0.0, 5.0):
+    for grace_s in (None, 5.0):
         proc = subprocess.Popen(
             [sys.executable, "-c", script], stdout=subprocess.PIPE, start_new_session=True
         )
+        server = harness.Server(proc, 0, tmp_path, tmp_path / "log", [sys.executable])
         assert proc.stdout.readline().strip() == b"ready"
         started = time.monotonic()
-        survivors = harness.kill_process_group(proc.pid, proc, grace_s)
-        assert harness.group_members(proc.pid) == []
+        server.stop() if grace_s is None else server.stop(grace_s=grace_s)
+        assert harness.group_members(server.pgid) == [] and proc.returncode is not None
         if grace_s:
-            assert marker.exists() and survivors == []
+            assert marker.exists() and server.killed_pids == []
         else:
-            assert not marker.exists() and survivors == [proc.pid]
+            assert not marker.exists() and server.killed_pids == [proc.pid]
             assert time.monotonic() - started < 2.0
         proc.stdout.close()
