@@ -153,6 +153,20 @@ def open_regular(path: str, flags: int = os.O_RDONLY, mode: int = 0o644, *, dir_
     return fd
 
 
+def create_temp(prefix: str, suffix: str, *, dir_fd: int, mode: int = 0o644) -> tuple[int, str]:
+    """A new temp file in the directory `dir_fd`, created exclusively under an unpredictable
+    name: (descriptor, name). O_EXCL refuses any name that exists, so a planted hard link or
+    symbolic link is never opened, truncated or written through (O_NOFOLLOW alone stops only
+    a symbolic link). The caller renames or links it into place, or unlinks it."""
+    flags = os.O_RDWR | os.O_CREAT | os.O_EXCL | OPEN_FLAGS
+    while True:
+        name = f"{prefix}{os.urandom(8).hex()}{suffix}"
+        try:
+            return os.open(name, flags, mode, dir_fd=dir_fd), name
+        except FileExistsError:
+            continue  # 64 random bits taken: planted, or a one-in-2^64 collision
+
+
 def read_small_file(path: str, max_bytes: int = METADATA_MAX_BYTES, *, dir_fd=None) -> bytes:
     """The whole content of a small regular file (opened by open_regular), at most
     `max_bytes`: a larger file (a sparse giant, a file still growing) is OSError EFBIG
