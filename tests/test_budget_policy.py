@@ -61,7 +61,17 @@ class FakeDisk:
     def quarantined_bytes(self) -> int:
         return 0
 
-    def remove(self, location) -> int | None:
+    def evict_in_order(self, want_bytes: int) -> None:
+        return None  # no shared order: the index decides (the policy's fallback)
+
+    def enqueue(self, dirname, items, kept_bytes) -> None:
+        pass
+
+    def wait_reaped(self) -> bool:
+        return False
+
+    def remove(self, victim) -> int | None:
+        location = victim[0]
         size = self.files.pop(location, None)
         if size is not None:
             self.removed.append(location)
@@ -141,8 +151,8 @@ def test_the_free_space_floor_evicts_and_then_refuses():
     for name in ("a", "b"):
         assert put(budget, disk, name, 100)
 
-    def remove(location, real=disk.remove):
-        size = real(location)
+    def remove(victim, real=disk.remove):
+        size = real(victim)
         free["bytes"] += size or 0
         return size
 

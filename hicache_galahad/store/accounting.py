@@ -23,8 +23,9 @@ import time
 
 from ..errors import ConfigError
 from ..record import format as fmt
-from ..telemetry.metrics import Counters, RateLimitedLog
+from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .eviction import SampledLru
+from .fifo import MAIN, S_SHARE, SMALL, SharedFifo, SiblingGroups
 from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
 from .ledger import (
     _DIRNAME,
@@ -37,7 +38,9 @@ from .ledger import (
     token_alive,
 )
 from .lifetime import retire
+from .pins import PINS_DIR, RECORDS_DIR
 from .quarantine import Quarantine
+from .reaper import Reaper
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
 RECLAIM_INTERVAL_S = 1.0
@@ -45,6 +48,9 @@ NAMESPACES_RECHECK_S = 5.0
 CURSOR_MAX_AGE_S = 60.0
 CURSOR_RANDOM_SKIP = 256  # each process starts its walk of a directory somewhere else
 LOGICAL_SAMPLE_RECORDS = 1024  # headers a recount reads per namespace (the rest: their ratio)
+PLAN_MAX_ENTRIES = 4096  # entries one locked section of eviction looks at, at most
+REAP_WAIT_S = 5.0  # a put waits at most this long for evicted files to be unlinked
+UNLINK_BATCH = 64  # deletions journaled together (the ledger's journal holds about 90)
 
 
 class _Cursor:
@@ -90,6 +96,11 @@ class Accounting:
                 "whose `ledger` is a regular file"
             ) from error
         self.quarantine = Quarantine(layout.quarantine_dir, self.ledger, self.index, counters)
+        self.fifo = None if read_only else self._open_fifo()
+        self.siblings = SiblingGroups(self._describe)
+        self.reaper = Reaper(self.layout.namespace_fd, self._hold_ended)
+        self._committed_read = (-1e9, 0)
+        self._unsettled_hold = 0
         self.ledger.recount = self.disk_counts
         self.ledger.inode_of = self._inode_of
         self.ledger.logical_of = self._logical_of
@@ -387,8 +398,11 @@ class Accounting:
                         with contextlib.suppress(OSError):
                             info = os.stat(entry.name, dir_fd=ns_fd, follow_symlinks=False)
                             size = accounted_bytes(info)
-                            # a second link: pinned (store/pins.py), never a candidate
-                            if (size or info.st_size == 0) and info.st_nlink == 1:
+                            # pinned (store/pins.py), never a candidate; another
+                            # link (a `cp -al` backup) is no pin
+                            if (size or info.st_size == 0) and not self.is_pinned(
+                                dirname, entry.name, info
+                            ):
                                 found.append(
                                     ((dirname, entry.name), size, info.st_mtime_ns, info.st_ino)
                                 )
@@ -402,10 +416,14 @@ class Accounting:
 
     # ------------------------------------------------------------- deletions
 
-    def unlink_record(self, dirname: str, filename: str, expected=None) -> int | None:
+    def unlink_record(
+        self, dirname: str, filename: str, expected=None, *, keep_pinned: bool = False
+    ) -> int | None:
         """Deletes one record file and releases its bytes, both under the ledger's lock; its
         size, or None if it was gone. With `expected` (inode, mtime_ns), only if the file is
-        still that one and was not used since (another process read it: it stays)."""
+        still that one and was not used since (another process read it: it stays). With
+        `expected` or `keep_pinned`, never a pinned record (checked under the lock, where
+        pins are linked: a purge by age keeps what a concurrent pin reported pinned)."""
         if self.read_only or not is_record_name(filename):
             return None
 
@@ -421,7 +439,7 @@ class Accounting:
                 and (info.st_ino != expected[0] or info.st_mtime_ns > expected[1])
             ):
                 return None  # replaced, or used since it was sampled: it stays
-            if expected is not None and info.st_nlink > 1:
+            if (expected is not None or keep_pinned) and self.is_pinned(dirname, filename, info):
                 return None  # pinned since it was sampled (store/pins.py): it stays
             size = accounted_bytes(info)
             journal(Journal.DELETE, dirname, [(filename, info.st_ino, size)])
@@ -447,10 +465,16 @@ class Accounting:
             if self.evict_quarantined():
                 evicted += 1
                 continue
+            in_order = self.evict_in_order(self.ledger.read() - max_bytes)
+            if in_order is not None:
+                evicted += in_order[0]
+                freed += in_order[1]
+                self.counters.add_many(evictions=in_order[0], evicted_bytes=in_order[1])
+                continue
             victim = self.index.pop_oldest()
             if victim is None:
                 break
-            size = self.remove(victim[0])
+            size = self.remove(victim)
             if size is not None:
                 evicted += 1
                 freed += size
@@ -473,8 +497,8 @@ class Accounting:
         already hold the quarantined files."""
         return 0
 
-    def remove(self, location) -> int | None:
-        freed = self.unlink_record(*location, expected=self.index.popped_expectation(location))
+    def remove(self, victim) -> int | None:
+        freed = self.unlink_record(*victim[0], expected=victim[2] if len(victim) > 2 else None)
         if freed is None:
             self.counters.add("eviction_misses")
         return freed
@@ -483,13 +507,249 @@ class Accounting:
         """Samples more records as eviction candidates (a few files: no scan)."""
         self.index.refill()
 
+    # ------------------------------------------------------------- the shared order
+
+    def _open_fifo(self) -> SharedFifo | None:
+        """The root's eviction log (fifo.py); None when evict/ cannot be made or opened
+        (eviction then samples, as before it existed)."""
+        try:
+            root_fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            return SharedFifo(root_fd)
+        except OSError as error:
+            self._warn.warning(
+                "evict-log",
+                "galahad: no eviction log in %s (%s): sampling",
+                self.layout.root,
+                error,
+            )
+            return None
+        finally:
+            os.close(root_fd)
+
+    def _describe(self, dirname: str) -> dict | None:
+        namespace = self.layout.load_namespace(dirname)
+        return None if namespace is None else namespace.describe()
+
+    def is_pinned(self, dirname: str, filename: str, info: os.stat_result) -> bool:
+        """Whether pins/ pins this record file: its link under pins/records (one stat, only
+        for a file with a second link). A link made elsewhere (a `cp -al` backup, a
+        writer's temp name) is no pin."""
+        if info.st_nlink < 2:
+            return False
+        path = os.path.join(self.layout.root, PINS_DIR, RECORDS_DIR, dirname, filename)
+        try:
+            pin = os.stat(path, follow_symlinks=False)
+        except OSError:
+            return False
+        return pin.st_ino == info.st_ino and pin.st_dev == info.st_dev
+
+    def _stat_record(self, dirname: str, filename: str) -> os.stat_result | None:
+        try:
+            info = os.stat(
+                filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
+            )
+        except OSError:
+            return None
+        return info if accounted_bytes(info) or info.st_size == 0 else None
+
+    def enqueue(self, dirname: str, items: list, kept_bytes: int) -> None:
+        """budget.Evictor.enqueue: a published batch enters S (M for a key the ghost holds),
+        tail first; under the ledger's lock, inside Ledger.publish."""
+        fifo = self.fifo
+        if fifo is None:
+            return
+        try:
+            if kept_bytes != sum(item[2] for item in items):  # some were there already
+                items = [item for item in items if self._inode_of(dirname, item[0]) == item[1]]
+            fifo.load()
+            index = fifo.name_index(dirname)
+            if index is None:
+                return
+            now_ns = time.time_ns()
+            queues: tuple[list, list] = ([], [])
+            for filename, _inode, size, *_ in reversed(items):
+                queue = MAIN if fifo.ghost_has(filename) else SMALL
+                queues[queue].append((index, filename, size, now_ns))
+            fifo.append(SMALL, queues[SMALL])
+            fifo.append(MAIN, queues[MAIN])
+            fifo.save()
+        except OSError:
+            self.counters.add("io_errors")
+        except Exception as error:  # inside a publication: never raised out of it
+            count_bug(
+                self.counters, self._warn, "enqueue-bug", "galahad: enqueue failed: %r", error
+            )
+
+    def evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
+        """budget.Evictor.evict_in_order (_evict_in_order); a bug in it is counted and
+        eviction falls back on the sample, never raised into a put."""
+        try:
+            return self._evict_in_order(want_bytes)
+        except Exception as error:
+            count_bug(self.counters, self._warn, "evict-bug", "galahad: eviction failed: %r", error)
+            return None
+
+    def _evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
+        """budget.Evictor.evict_in_order. One locked section walks the hands, chooses at
+        least `want_bytes` of victims (every sibling namespace's record of each key) and
+        takes the first namespace's; each other namespace's victims are taken in one more
+        locked section. None when the log has no victim, or names less than half the bytes
+        the ledger holds (a root older than the log: sampling first); (0, 0) when others
+        freed the bytes first."""
+        fifo = self.fifo
+        if fifo is None:
+            return None
+        if want_bytes <= 0:  # others freed the bytes meanwhile
+            return 0, 0
+        planned: dict[str, list] = {}
+        taken: list = []  # (dirname, temp names) to unlink once the lock is released
+        committed = self._committed_recently()
+
+        def plan(journal):
+            fifo.load()
+            if 2 * fifo.queued_bytes() < committed:
+                return None
+            self.siblings.refresh(fifo.dirnames())
+            walks = (fifo.entries(SMALL), fifo.entries(MAIN))
+            planned_names: set = set()
+            found = steps = 0
+            now_ns = time.time_ns()
+            while found < want_bytes and steps < PLAN_MAX_ENTRIES:
+                steps += 1
+                small_first = fifo.queued_bytes(SMALL) >= S_SHARE * fifo.queued_bytes()
+                order = (SMALL, MAIN) if small_first else (MAIN, SMALL)
+                entry = next(walks[order[0]], None) or next(walks[order[1]], None)
+                if entry is None:
+                    break
+                found += self._judge(fifo, entry, planned, planned_names, now_ns)
+            fifo.save()
+            if not planned:
+                return None
+            dirname = next(iter(planned))
+            return self._take(dirname, planned.pop(dirname)[:UNLINK_BATCH], journal, taken)
+
+        evicted = freed = 0
+        try:
+            freed = self.ledger.apply(plan) or 0
+        except OSError:
+            self.counters.add("io_errors")
+            return None
+        if not (taken or planned):
+            return None
+        for dirname, victims in planned.items():
+            for start in range(0, len(victims), UNLINK_BATCH):
+                batch = victims[start : start + UNLINK_BATCH]
+                try:
+                    freed += (
+                        self.ledger.apply(
+                            lambda journal, d=dirname, b=batch: self._take(d, b, journal, taken)
+                        )
+                        or 0
+                    )
+                except OSError:
+                    self.counters.add("io_errors")
+        for dirname, filename, temp_name, size in taken:
+            evicted += 1
+            self.index.discard((dirname, filename))
+            self.reaper.unlink(dirname, temp_name, size)
+        return evicted, freed
+
+    def wait_reaped(self) -> bool:
+        """budget.Evictor.wait_reaped: waits (at most REAP_WAIT_S) for the reaper's unlinks."""
+        if not self.reaper.pending_bytes:
+            return False
+        self.reaper.wait_idle(REAP_WAIT_S)
+        return True
+
+    def _committed_recently(self) -> int:
+        """The ledger's committed bytes, read at most once a second (one more locked read)."""
+        read_s, committed = self._committed_read
+        if time.monotonic() - read_s > 1.0:
+            committed = self.ledger.committed()
+            self._committed_read = (time.monotonic(), committed)
+        return committed
+
+    def _judge(
+        self, fifo: SharedFifo, entry, planned: dict, planned_names: set, now_ns: int
+    ) -> int:
+        """One entry at a hand: skipped (gone), to M's tail (used since it was enqueued, or
+        pinned), or planned for eviction with its siblings; the bytes planned."""
+        dirname = fifo.dirname_of(entry.name_index)
+        if dirname is None or (dirname, entry.filename) in planned_names:
+            return 0  # a sibling's entry of a key planned already
+        info = self._stat_record(dirname, entry.filename)
+        if info is None:
+            return 0
+        if info.st_mtime_ns > entry.time_ns or self.is_pinned(dirname, entry.filename, info):
+            fifo.append(MAIN, [(entry.name_index, entry.filename, accounted_bytes(info), now_ns)])
+            return 0
+        if entry.queue == SMALL:
+            fifo.ghost_add(entry.filename)
+        found = 0
+        for sibling in self.siblings.of(dirname):
+            sibling_info = (
+                info if sibling == dirname else self._stat_record(sibling, entry.filename)
+            )
+            if (sibling, entry.filename) in planned_names or sibling_info is None:
+                continue
+            if self.is_pinned(sibling, entry.filename, sibling_info):
+                continue
+            planned_names.add((sibling, entry.filename))
+            planned.setdefault(sibling, []).append((entry.filename, sibling_info.st_ino))
+            found += accounted_bytes(sibling_info)
+        return found
+
+    def _take(self, dirname: str, victims: list, journal, taken: list) -> int | None:
+        """Under the ledger's lock: the victims of one namespace that are still the file
+        planned and pinned by no one leave their names (journaled, then renamed to temp
+        names, which no reader opens and a sweep removes if this process dies); the bytes
+        freed. The rename is cheap: the files' blocks are freed later, by the reaper's
+        unlinks (freeing them under the lock serialized every writer of a full store)."""
+        doomed: list = []
+        for filename, inode in victims:
+            info = self._stat_record(dirname, filename)
+            if info is None or info.st_ino != inode:
+                continue  # gone, or another record now. A use since is no reason to keep
+                # it: the plan decided, for every sibling together
+            if self.is_pinned(dirname, filename, info):
+                continue
+            doomed.append((filename, info.st_ino, accounted_bytes(info)))
+        if not doomed:
+            return None
+        journal(Journal.DELETE, dirname, doomed)
+        dir_fd = self.layout.namespace_fd(dirname)
+        freed = 0
+        for filename, _inode, size in doomed:
+            temp_name = self.layout.new_temp_name(filename, self.token)
+            with contextlib.suppress(OSError):
+                os.rename(filename, temp_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+                freed += size
+                taken.append((dirname, filename, temp_name, size))
+        self.ledger.hold(freed)  # until the reaper has unlinked them (_hold_ended)
+        return freed
+
+    def _hold_ended(self, freed_bytes: int) -> None:
+        """The reaper unlinked evicted files: the bytes held for them are released."""
+        freed_bytes += self._unsettled_hold
+        self._unsettled_hold = 0
+        try:
+            self.ledger.settle(0, freed_bytes)
+        except OSError:  # held meanwhile (the safe side), released with the next
+            self._unsettled_hold = freed_bytes
+
     def close(self) -> None:
         self._closed.set()
+        self.reaper.close()
         with self._sample_lock:
             for cursor in self._cursors.values():
                 cursor.close()
             self._cursors.clear()
         self.ledger.close()
+        if self.fifo is not None:
+            self.fifo.close()
         if self.process is not None:
             with contextlib.suppress(OSError):  # this process's counters: no live server's now
                 retire(self.layout.root, self.process.token)

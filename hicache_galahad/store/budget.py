@@ -1,8 +1,9 @@
 """The byte budget of a store root: a cap on all records and a free-space floor.
 
 Pure policy over three collaborators, so it can be tested with fakes: the shared `Ledger`
-(bytes claimed by every process), the `LruIndex` (this process's view of evictable records,
-oldest first) and an `Evictor` that deletes what the policy chooses. Eviction never starts
+(bytes claimed by every process), the `LruIndex` (the fallback order: records sampled, oldest
+first) and an `Evictor` that keeps the shared order (fifo.py, through accounting.py) and
+deletes what the policy chooses. Eviction never starts
 unless deleting everything it can see could cover the shortfall: a ledger that over-counts
 (leaked reservations, a damaged ledger) must fail a put, never empty the store. Pinned records
 (store/pins.py) are not evictable: a put that could only fit by evicting a pin fails
@@ -18,6 +19,12 @@ from typing import Protocol
 from .eviction import LruIndex
 
 PINNED_RESAMPLES = 8  # samples more when pinned records fill one, before refusing a put
+# Eviction in the shared order frees this much more than a put needs (a share of the cap, at
+# most EVICT_AHEAD_MAX_BYTES; none when that is less than the put needs): the files' blocks
+# are freed in the background (reaper.py), so the next puts find that room while the unlinks
+# run.
+EVICT_AHEAD_SHARE = 1 / 64
+EVICT_AHEAD_MAX_BYTES = 16 << 20
 
 
 class LedgerLike(Protocol):
@@ -35,8 +42,23 @@ class Evictor(Protocol):
 
     def quarantined_bytes(self) -> int: ...
 
-    def remove(self, location) -> int | None:
-        """Deletes an indexed record; the bytes it freed, or None if it was already gone."""
+    def evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
+        """Evicts at least `want_bytes` (when it can) in the order every process shares
+        (fifo.py), in a few locked sections; (records, bytes) this process evicted (another
+        may have deleted some first), None when that order has no victim (then the sampled
+        index is the fallback)."""
+
+    def wait_reaped(self) -> bool:
+        """Waits (bounded) for evicted files still being unlinked, whose bytes the ledger
+        holds until they are; False when there were none."""
+
+    def enqueue(self, dirname: str, items: list, kept_bytes: int) -> None:
+        """Enters a published batch into the shared order (called under the ledger's lock,
+        inside Ledger.publish, after the links: `items` as given to publish)."""
+
+    def remove(self, victim) -> int | None:
+        """Deletes a victim of the index (location, size[, what the file was when sampled]);
+        the bytes it freed, or None if it was already gone or changed since."""
 
     def load_unindexed(self) -> None:
         """Adds records that other processes wrote since the last scan to the index."""
@@ -79,7 +101,8 @@ class Budget:
             return self._pending_bytes
 
     def reserve(self, amount: int) -> bool:
-        """Claims `amount` bytes, evicting least recently used records as needed and possible."""
+        """Claims `amount` bytes, evicting as needed and possible: in the shared order
+        (fifo.py) enough for the whole amount at once, else by the sampled index."""
         if self.max_bytes is not None and amount > self.max_bytes:
             return False  # can never fit: evicting every record first would only lose them
         if self.ledger.needs_rebuild:
@@ -104,8 +127,15 @@ class Budget:
         counts it, in one ledger update (Ledger.publish); returns the bytes kept. The rest of
         the batch's reservation ends with settle. A ledger that cannot be written after the
         links: the kept bytes are carried into the next settle (OSError raised)."""
+
+        def link_and_enqueue() -> int:
+            kept = link_all()
+            if kept:
+                self.evictor.enqueue(dirname, items, kept)
+            return kept
+
         try:
-            kept = self.ledger.publish(dirname, items, link_all)
+            kept = self.ledger.publish(dirname, items, link_and_enqueue)
         except OSError as error:
             kept = getattr(error, "kept", 0)
             with self._pending_lock:
@@ -151,6 +181,8 @@ class Budget:
         when everything evictable could not cover it."""
         if self._reclaim():  # space held by writers that died comes back before any eviction
             return True
+        if self.evictor.wait_reaped():  # bytes already evicted come back: no more eviction
+            return True
         missing = shortfall()
         if missing > self._evictable_bytes():
             # Either records other processes wrote are not indexed yet, or the ledger claims
@@ -169,6 +201,18 @@ class Budget:
                 return False
         if self.evictor.evict_quarantined():
             return True
+        missing = shortfall()  # (the reaper may have released some since the put's try)
+        if missing <= 0:
+            return True
+        ahead = min(int((self.max_bytes or 0) * EVICT_AHEAD_SHARE), EVICT_AHEAD_MAX_BYTES)
+        if ahead < missing:  # a cap of a few puts (tests, tiny roots): exact, nothing ahead
+            ahead = 0
+        in_order = self.evictor.evict_in_order(missing + ahead)
+        if in_order is not None:
+            if in_order[0]:
+                self._on_event("evictions", in_order[0])
+                self._on_event("evicted_bytes", in_order[1])
+            return True
         victim = self.index.pop_oldest()
         if victim is None and self._pinned_bytes():
             # Pinned records fill the sample: look on (a few more bounded samples; the
@@ -186,7 +230,7 @@ class Budget:
             # behind the store's back (an operator's rm). Recount (rate-limited; cheap, since
             # the sample found nothing to count) rather than refuse every put from now on.
             return self._rebuild()
-        freed = self.evictor.remove(victim[0])
+        freed = self.evictor.remove(victim)
         if freed is not None:  # else another process removed it (and released its bytes)
             self._on_event("evictions", 1)
             self._on_event("evicted_bytes", freed)

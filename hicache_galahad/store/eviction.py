@@ -1,4 +1,5 @@
-"""Least-recently-used order over the records of a store (pure, thread-safe)."""
+"""Least-recently-used orders without the shared log: the sampler the store falls back on,
+and an exact index for tests of the policy (pure, thread-safe)."""
 
 from __future__ import annotations
 
@@ -97,9 +98,11 @@ class SampledLru:
     wrote is never the first to go even within the reader's 2 s. Same interface as
     LruIndex, so that budget.Budget works with either.
 
-    Pinned records (store/pins.py: a second link of the file) are never candidates: the
-    sample leaves out files whose st_nlink is above 1, from the stat it makes anyway, and
-    `total_bytes` leaves out the pinned bytes (`pinned_bytes`, set by the store).
+    Pinned records (store/pins.py: a link of the file under pins/records) are never
+    candidates: the sample leaves out a file with a second link when pins/ has it (one more
+    stat, only for such a file: a `cp -al` backup's link is no pin), and `total_bytes` leaves
+    out the pinned bytes (`pinned_bytes`, set by the store). This is the fallback of the
+    shared order (fifo.py), for records its log does not name.
     """
 
     def __init__(self, sample: Callable[[int], list], evictable_bytes: Callable[[], int]):
@@ -171,14 +174,11 @@ class SampledLru:
     def _recency(self, location) -> int:
         return max(self._pool[location][1], self._recent.get(location, 0))
 
-    def expected(self, location):
-        """(inode, mtime_ns) the candidate had when sampled, or None."""
-        found = self._pool.get(location)
-        return None if found is None else (found[2], found[1])
-
     def pop_oldest(self):
-        """(location, size) of the least recently used candidate, or None when the sample
-        finds no record at all. The caller re-checks it (expected) before deleting."""
+        """(location, size, (inode, mtime_ns)) of the least recently used candidate, or None
+        when the sample finds no record at all. The caller re-checks the file against the
+        third item (what it was when sampled) before deleting: the victim carries it, so no
+        other thread's pop can change what this one checks (issue 32)."""
         if len(self._pool) < POOL_MAX // 2:
             self.refill()
         with self._lock:
@@ -186,11 +186,4 @@ class SampledLru:
                 return None
             location = min(self._pool, key=self._recency)
             size, mtime_ns, inode = self._pool.pop(location)
-            self._last_popped = (location, inode, mtime_ns)
-            return location, size
-
-    def popped_expectation(self, location):
-        last = getattr(self, "_last_popped", None)
-        if last is None or last[0] != location:
-            return None
-        return last[1], last[2]
+            return location, size, (inode, mtime_ns)

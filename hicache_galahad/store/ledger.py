@@ -805,6 +805,12 @@ class Ledger:
 
         return self._locked(update)
 
+    def hold(self, amount: int) -> None:
+        """Only inside a locked section (an action of apply): `amount` bytes stay reserved by
+        this process, written with the section (eviction holds what it freed until the
+        files' blocks are: store/reaper.py); settle ends the hold."""
+        self._mine += amount
+
     def release(self, amount: int) -> None:
         """Committed bytes left the disk (eviction, deletion, quarantine trim)."""
 
