@@ -286,7 +286,11 @@ def purge(
             if keep_pinned and entry.links > 1:
                 report.kept_pinned_records += 1
                 continue
-            freed = entry.accounted_bytes if dry_run else store.delete_file(dirname, entry.name)
+            freed = (
+                entry.accounted_bytes
+                if dry_run
+                else store.delete_file(dirname, entry.name, keep_pinned=keep_pinned)
+            )
             if freed is not None:
                 removed += 1
                 report.removed_bytes += freed

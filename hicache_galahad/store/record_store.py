@@ -477,11 +477,14 @@ class RecordStore:
         """The counters of every process that used this root, summed (lifetime.py)."""
         return lifetime_totals(self.root)
 
-    def delete_file(self, dirname: str, filename: str) -> int | None:
+    def delete_file(self, dirname: str, filename: str, *, keep_pinned: bool = False) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
         index stay right); the bytes freed, or None if it was not there (its pin, if any,
-        is dropped: purge removes pins with the records)."""
-        freed = self.accounting.unlink_record(dirname, filename)
+        is dropped: purge removes pins with the records). With `keep_pinned`, a record
+        pinned by then is kept (checked under the ledger's lock, where pins are made)."""
+        freed = self.accounting.unlink_record(dirname, filename, keep_pinned=keep_pinned)
+        if freed is None and keep_pinned:
+            return None
         self._drop_pin(dirname, filename)
         return freed
 
