@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import os
 
-from support.store_helpers import NS_A
+from support.store_helpers import NS_A, count_directory_entries
 
 from hicache_galahad.ops import reports
 from hicache_galahad.record.namespace import Namespace
@@ -119,6 +119,9 @@ def test_pages_read_again_outlive_pages_never_read(tmp_path):
             keys = document_keys(document, 16)
             assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 16))
         assert store.leading_run(namespace, hot) == 16
+        queues = store.eviction_queues()
+        assert queues["main_bytes"] >= 16 * PAGE and queues["small_bytes"] > 0
+        assert queues["ledger_bytes"] <= 64 * size
 
 
 def test_a_purge_by_age_keeps_a_record_pinned_after_its_scan(tmp_path, monkeypatch):
@@ -185,3 +188,26 @@ def test_records_with_a_backup_link_stay_evictable_without_recounts(tmp_path):
         assert store.accounting.reaper.wait_idle(10)
         assert store.usage_bytes() <= 32 * size
     assert len(os.listdir(backup)) == 32  # the backup's own links are untouched
+
+
+def test_eviction_in_order_reads_no_directory(tmp_path, monkeypatch):
+    """A put into a full budget evicts from the log: not one directory entry is read (the
+    sampler it replaced read a few per victim; a scan reads every record)."""
+    size = record_bytes(tmp_path / "probe")
+    root = str(tmp_path / "store")
+    with RecordStore(root, durability="none") as builder:
+        namespace = builder.register_namespace(NS_A)
+        keys = [f"{index:064x}" for index in range(2_000)]
+        for start in range(0, len(keys), 500):
+            assert all(builder.put_many(namespace, keys[start : start + 500], [bytes(PAGE)] * 500))
+        full = builder.usage_bytes()
+    entries_read = count_directory_entries(monkeypatch)
+    with RecordStore(root, durability="none", max_bytes=full) as store:
+        namespace = store.register_namespace(NS_A)
+        entries_read[0] = 0
+        for index in range(64):
+            assert store.put_many(namespace, [f"{10**6 + index:064x}"], [bytes(PAGE)]) == [True]
+        assert entries_read[0] == 0
+        assert store.counters.snapshot()["evictions"] >= 64
+        assert store.leading_run(namespace, keys[:64]) == 0  # the oldest went first
+    assert full // size >= 2_000

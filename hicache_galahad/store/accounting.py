@@ -657,6 +657,25 @@ class Accounting:
             self.reaper.unlink(dirname, temp_name, size)
         return evicted, freed
 
+    def queue_state(self) -> dict:
+        """RecordStore.eviction_queues: what the log's state says now (read under the
+        ledger's lock, as every use of the log)."""
+        fifo = self.fifo
+        if fifo is None:
+            return {}
+        found: dict = {}
+
+        def read(journal):
+            fifo.load()
+            found.update(small_bytes=fifo.queued_bytes(SMALL), main_bytes=fifo.queued_bytes(MAIN))
+
+        try:
+            self.ledger.apply(read)
+            found["ledger_bytes"] = self.ledger.read()
+        except OSError:
+            return {}
+        return found
+
     def wait_reaped(self) -> bool:
         """budget.Evictor.wait_reaped: waits (at most REAP_WAIT_S) for the reaper's unlinks."""
         if not self.reaper.pending_bytes:

@@ -417,6 +417,13 @@ class RecordStore:
             indexed_records=len(self.index),
         )
 
+    def eviction_queues(self) -> dict:
+        """The shared eviction order's state (fifo.py), for the operator: bytes named by the
+        small queue (records not used since they were written) and the main queue (used at
+        least once), and the ledger's bytes; `main_bytes / ledger_bytes` is the share of the
+        store that was read again. {} without a log (a read-only store)."""
+        return self.accounting.queue_state()
+
     def check(
         self, fix: bool = False, on_record=None, dirnames=None, threads: int = 1
     ) -> CheckReport:
