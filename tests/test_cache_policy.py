@@ -211,3 +211,26 @@ def test_eviction_in_order_reads_no_directory(tmp_path, monkeypatch):
         assert store.counters.snapshot()["evictions"] >= 64
         assert store.leading_run(namespace, keys[:64]) == 0  # the oldest went first
     assert full // size >= 2_000
+
+
+def test_a_forged_eviction_log_removes_nothing_outside_the_namespaces(tmp_path):
+    """The log names namespace directories by index into evict/names: a forged name there
+    (a path out of ns/) is no namespace, so no file it reaches is judged or removed."""
+    size = record_bytes(tmp_path / "probe")
+    root = tmp_path / "store"
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    keys = [f"{index:064x}" for index in range(8)]
+    with RecordStore(str(root), max_bytes=8 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+        assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 8))
+    for key in keys:  # the same names, outside the root
+        (outside / record_filename(key)).write_bytes(b"x")
+    forged = os.path.relpath(outside, root / "ns").ljust(32, "/")[:32]
+    assert len(forged) == 32 and forged.startswith("..")
+    (root / "evict" / "names").write_bytes(forged.encode() + b"\n")
+    with RecordStore(str(root), max_bytes=8 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+        more = [f"{100 + index:064x}" for index in range(8)]
+        assert all(store.put_many(namespace, more, [bytes(PAGE)] * 8))
+    assert sorted(os.listdir(outside)) == sorted(record_filename(key) for key in keys)

@@ -75,6 +75,10 @@ def _name_digest(filename: str) -> tuple[int, bytes] | None:
     return kind, bytes.fromhex(stem)
 
 
+def _is_dirname(name: str) -> bool:
+    return len(name) == 32 and set(name) <= _HEX
+
+
 def _filename(kind: int, digest: bytes) -> str:
     return ("k" if kind else "") + digest.hex() + RECORD_SUFFIX
 
@@ -140,7 +144,7 @@ class SharedFifo:
         finally:
             os.close(ghost_fd)
         self._segments: dict[tuple[int, int], int] = {}
-        self._names: list[str] = []
+        self._names: list[str | None] = []
         self._name_index: dict[str, int] = {}
         self.state = [0] * 8
 
@@ -195,10 +199,14 @@ class SharedFifo:
         size = os.fstat(self._names_fd).st_size
         raw = os.pread(self._names_fd, size - size % NAME_BYTES, 0)
         names = [raw[i : i + 32].decode("ascii", "replace") for i in range(0, len(raw), 33)]
-        self._names = names
-        self._name_index = {name: index for index, name in enumerate(names)}
+        # Only a namespace directory's name (32 hex digits) is ever used: a forged entry
+        # ("../..", a path) names nothing, so no file outside ns/ is ever judged or removed.
+        self._names = [name if _is_dirname(name) else None for name in names]
+        self._name_index = {name: index for index, name in enumerate(self._names) if name}
 
     def name_index(self, dirname: str) -> int | None:
+        if not _is_dirname(dirname):
+            return None
         index = self._name_index.get(dirname)
         if index is None:
             self._reload_names()
@@ -219,7 +227,7 @@ class SharedFifo:
 
     def dirnames(self) -> list[str]:
         self._reload_names()
-        return list(self._names)
+        return [name for name in self._names if name]
 
     # ------------------------------------------------------------------ segments
 
