@@ -5,7 +5,9 @@ process, journaled, its bytes released: accounting.py); what is left is the unli
 its blocks, which for a record long written costs a filesystem far more than a put (about
 0.7 ms for a 32 KiB file on ext4, against 10 us for one whose data was never written). Done on
 the put's thread it made a put into a full store several times slower than one with room.
-Here one thread does them in the order given, and then tells `on_freed` the bytes they held:
+Here up to REAP_THREADS threads do them (a filesystem frees several files' blocks at once
+faster than one by one: 4 threads took a third of one's time here), each batch then telling
+`on_freed` the bytes it held:
 eviction keeps those bytes reserved in the ledger (Ledger.hold) until then, so the ledger
 never counts less than the disk holds and the budget stays a hard cap. The backlog is bounded
 (REAP_BACKLOG_MAX files, REAP_BACKLOG_MAX_BYTES): past it the caller unlinks itself. No reader
@@ -22,7 +24,8 @@ from collections import deque
 
 REAP_BACKLOG_MAX = 4096  # files waiting, per process
 REAP_BACKLOG_MAX_BYTES = 64 << 20  # and their bytes
-REAP_BATCH = 64  # unlinks per report to on_freed (one ledger update)
+REAP_BATCH = 16  # unlinks per report to on_freed (one ledger update)
+REAP_THREADS = 4  # a filesystem frees several files' blocks at once faster than one by one
 
 
 class Reaper:
@@ -32,7 +35,8 @@ class Reaper:
         self._pending: deque = deque()
         self._pending_bytes = 0
         self._changed = threading.Condition()
-        self._thread: threading.Thread | None = None
+        self._threads: list[threading.Thread] = []
+        self._taken = 0  # files a thread is unlinking now
         self._closed = False
 
     def _unlink(self, dirname: str, name: str) -> None:
@@ -44,17 +48,16 @@ class Reaper:
         with self._changed:
             inline = (
                 self._closed
-                or len(self._pending) >= REAP_BACKLOG_MAX
+                or len(self._pending) + self._taken >= REAP_BACKLOG_MAX
                 or self._pending_bytes + size > REAP_BACKLOG_MAX_BYTES
             )
             if not inline:
                 self._pending.append((dirname, name, size))
                 self._pending_bytes += size
-                if self._thread is None:
-                    self._thread = threading.Thread(
-                        target=self._run, name="galahad-reap", daemon=True
-                    )
-                    self._thread.start()
+                if len(self._threads) < min(REAP_THREADS, len(self._pending)):
+                    thread = threading.Thread(target=self._run, name="galahad-reap", daemon=True)
+                    self._threads.append(thread)
+                    thread.start()
                 self._changed.notify_all()
         if inline:
             self._unlink(dirname, name)
@@ -74,28 +77,28 @@ class Reaper:
                 if not self._pending:
                     return
                 batch = [
-                    self._pending[index] for index in range(min(REAP_BATCH, len(self._pending)))
+                    self._pending.popleft() for _ in range(min(REAP_BATCH, len(self._pending)))
                 ]
+                self._taken += len(batch)
             for dirname, name, _size in batch:
                 self._unlink(dirname, name)
             freed = sum(size for _dirname, _name, size in batch)
             self._on_freed(freed)
             with self._changed:
-                for _ in batch:
-                    self._pending.popleft()
+                self._taken -= len(batch)
                 self._pending_bytes -= freed
                 self._changed.notify_all()
 
     def wait_idle(self, timeout_s: float | None = None) -> bool:
         """Waits until every pending file is unlinked; False on timeout."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self._pending, timeout_s)
+            return self._changed.wait_for(lambda: not self._pending and not self._taken, timeout_s)
 
     def close(self) -> None:
-        """Unlinks what is pending, then stops the thread."""
+        """Unlinks what is pending, then stops the threads."""
         with self._changed:
             self._closed = True
-            thread = self._thread
+            threads = list(self._threads)
             self._changed.notify_all()
-        if thread is not None:
+        for thread in threads:
             thread.join()
