@@ -19,10 +19,10 @@ from typing import Protocol
 from .eviction import LruIndex
 
 PINNED_RESAMPLES = 8  # samples more when pinned records fill one, before refusing a put
-# Eviction in the shared order frees this much more than a put needs (a share of the cap, at
-# most EVICT_AHEAD_MAX_BYTES; none when that is less than the put needs): the files' blocks
-# are freed in the background (reaper.py), so the next puts find that room while the unlinks
-# run.
+# Eviction in the shared order frees room for the next put too, when that is at most a
+# share of the cap (EVICT_AHEAD_SHARE, at most EVICT_AHEAD_MAX_BYTES): the files' blocks are
+# freed in the background (reaper.py), so the next put finds room while the unlinks run, and
+# a full store holds at most one put less than its cap.
 EVICT_AHEAD_SHARE = 1 / 64
 EVICT_AHEAD_MAX_BYTES = 16 << 20
 
@@ -204,9 +204,8 @@ class Budget:
         missing = shortfall()  # (the reaper may have released some since the put's try)
         if missing <= 0:
             return True
-        ahead = min(int((self.max_bytes or 0) * EVICT_AHEAD_SHARE), EVICT_AHEAD_MAX_BYTES)
-        if ahead < missing:  # a cap of a few puts (tests, tiny roots): exact, nothing ahead
-            ahead = 0
+        room = min(int((self.max_bytes or 0) * EVICT_AHEAD_SHARE), EVICT_AHEAD_MAX_BYTES)
+        ahead = missing if missing <= room else 0  # (a cap of a few puts: exact)
         in_order = self.evictor.evict_in_order(missing + ahead)
         if in_order is not None:
             if in_order[0]:
