@@ -4,6 +4,7 @@
       ConfigError          a setting is wrong: raised at start, naming the key and the value
         KeyFileError       the encryption key file is missing, malformed or too open
         FingerprintError   the model's weights cannot be identified
+        MooncakeConfigError  a bad `mooncake` option (its key, value and what is expected)
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
         (one subclass per rule V0..V16, in format.py)
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
@@ -29,6 +30,10 @@ class KeyFileError(ConfigError):
 
 class FingerprintError(ConfigError):
     """The weights the cache belongs to cannot be established."""
+
+
+class MooncakeConfigError(ConfigError):
+    """A bad `mooncake` option: the message names the key, the value and what is expected."""
 
 
 class FormatError(GalahadError):
