@@ -113,6 +113,7 @@ def pin(root: PinsRoot, namespace: Namespace, keys: list[str], document: str, li
 def write_manifest(root: PinsRoot, dirs: Dirs, doc: str, label: str, dirname: str, tenant: str):
     """Adds namespace `dirname` (of `tenant`) to the document's manifest."""
     doc_fd = dirs.get(DOCS_DIR, doc, create=True)
+    remove_temps(f"{MANIFEST}.", doc_fd)
     manifest = read_json(MANIFEST, doc_fd)
     now_s = time.time()
     if not isinstance(manifest, dict) or not isinstance(manifest.get("namespaces"), dict):
@@ -127,8 +128,8 @@ def write_manifest(root: PinsRoot, dirs: Dirs, doc: str, label: str, dirname: st
 
 def replace_manifest(root: PinsRoot, doc_fd: int, manifest: dict) -> None:
     """Replaces a document's manifest atomically, through a temp file created exclusively
-    under a random name (temps of processes that died first removed: made under the lock)."""
-    remove_temps(f"{MANIFEST}.", doc_fd)
+    under a random name (renamed before the pins lock is released: one found there was left
+    by a process that died, and is removed by write_manifest or unpin)."""
     fd, temp = create_temp(f"{MANIFEST}.", TEMP_SUFFIX, dir_fd=doc_fd)
     try:
         try:

@@ -190,22 +190,27 @@ def settle(root: PinsRoot, dirs: Dirs, state: dict, changed: list[tuple]) -> Non
     write_state(root, dirs, state)
 
 
-def recover(dirs: Dirs, state: dict) -> None:
-    """Finishes (or undoes) the journaled change from what the disk shows; an item that is
-    not one this package writes is skipped (its pin files are counted at the next recount)."""
+def recover(dirs: Dirs, state: dict) -> bool:
+    """Finishes (or undoes) the journaled change from what the disk shows. False when the
+    journal is not one this package writes (its valid items are still applied): the caller
+    then counts again from the disk."""
     change, state["journal"] = state.get("journal"), None
     if not isinstance(change, dict):
-        return
+        return change is None
     if change.get("op") == "all":
         dirs.remove_everything()
         state["tenants"] = {}
-        return
-    doc = change.get("doc")
-    items = change.get("items")
+        return True
+    doc, items = change.get("doc"), change.get("items")
+    whole = change.get("op") in ("pin", "unpin", "drop") and isinstance(items, list)
+    whole = whole and (doc is None or plain(doc))
     for raw in items if isinstance(items, list) else []:
         item = JournalItem.parse(raw)
-        if item is not None:
+        if item is None:
+            whole = False
+        else:
             _recover_item(dirs, state, item, doc if plain(doc) else None)
+    return whole
 
 
 def _recover_item(dirs: Dirs, state: dict, item: JournalItem, doc: str | None) -> None:
@@ -280,10 +285,11 @@ def _take_over(root: PinsRoot, dirs: Dirs) -> dict:
     remove_temps(f"{STATE_FILE}.", dirs.pins_fd)
     state = read_state(root, dirs.pins_fd, repair=True)
     changed = state.pop("recounted", False)
+    whole = True
     if state["journal"]:
-        recover(dirs, state)
+        whole = recover(dirs, state)
         changed = True
-    if state_total(state) > root.ledger.committed():  # more pinned than the root holds
+    if not whole or state_total(state) > root.ledger.committed():  # what the disk says
         limit = state.get("limit_bytes")
         state = recount(root, dirs.pins_fd, repair=True)  # (stale pins dropped on the way)
         changed = state.pop("recounted")

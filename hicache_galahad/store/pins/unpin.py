@@ -21,6 +21,7 @@ from .tree import (
     plain,
     read_json,
     read_pin,
+    remove_temps,
     stat_at,
     unlink_at,
 )
@@ -78,6 +79,7 @@ def _unpin_document(root: PinsRoot, dirs: Dirs, state: dict, doc: str, tenant) -
         with contextlib.suppress(OSError):
             os.rmdir(doc, dir_fd=dirs.get(DOCS_DIR))
     elif isinstance(manifest, dict):
+        remove_temps(f"{MANIFEST}.", doc_fd)
         manifest["namespaces"] = namespaces
         replace_manifest(root, doc_fd, manifest)
     if root.durable:
