@@ -142,7 +142,9 @@ def read_pin(name: str, refs_fd: int | None, link) -> PinEntry:
     if not is_count(said):
         said = on_disk or 0
     nbytes = said if on_disk is None else min(said, on_disk)
-    return PinEntry(nbytes, tenant if isinstance(tenant, str) else str(tenant)[:256])
+    if not isinstance(tenant, str):
+        tenant = "None" if tenant is None else "?"  # (a pin file this package did not write)
+    return PinEntry(nbytes, tenant)
 
 
 class Dirs:
