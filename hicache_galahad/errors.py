@@ -9,6 +9,8 @@
         (one subclass per rule V0..V16, in format.py)
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
                            size): a miss or False, counted as a refusal, never as a bug
+      PinsDirError         a directory under `<root>/pins/` is a link or not a directory: the
+                           pin operation is refused (also a NotADirectoryError)
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """
@@ -46,3 +48,8 @@ class RefusedRequest(GalahadError, ValueError):
     """An argument the backend refuses on purpose (a flat page that is not exactly one page
     of its pool): the call is a miss or False, counted in `adapter_errors` but never in
     `unexpected_errors`, which counts bugs only."""
+
+
+class PinsDirError(GalahadError, NotADirectoryError):
+    """A directory under `<root>/pins/` is a symbolic link or not a directory: never
+    followed, the operation is refused (store/pins/tree.py)."""
