@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import unicodedata
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -37,6 +38,8 @@ from .records import (
 from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens, segment
 
 log = logging.getLogger(__name__)
+
+WARN_INTERVAL_S = 10.0  # at most one warning per kind of skipped record in this interval
 
 __all__ = ["Blaise", "Selection", "Selections", "Skipped"]
 
@@ -104,6 +107,7 @@ class Blaise:
         # mode 2: doc_id -> (tokenizer, manifest key, the document's index block as token ids)
         self._index_ids: dict[str, tuple[object, str, list[int]]] = {}
         self.skipped: list[Skipped] = []  # everything skipped since open
+        self._warned: dict[str, tuple[float, int]] = {}  # kind -> (last warning, held back)
         self._load()
 
     # ------------------------------------------------------------------ open
@@ -120,18 +124,29 @@ class Blaise:
             texts = []
             datas = self._records.get_sections(manifest.sections)
             for ref, data in zip(manifest.sections, datas, strict=True):
-                if data is None:
+                text = _decoded(data)
+                if text is None:
                     self._skip(Skipped(doc_id, "section", ref.start, ref.end))
-                texts.append(None if data is None else data.decode("utf-8"))
+                texts.append(text)
             self._index(doc_id, key, manifest, texts)
 
     def _skip(self, item: Skipped) -> None:
+        """Counts a record that failed its check (in `skipped`) and warns, at most once per
+        kind of record every WARN_INTERVAL_S (a root of forged or damaged records is not a
+        stream of warnings); the next warning says how many were held back."""
         self.skipped.append(item)
+        now_s = time.monotonic()
+        last_s, held = self._warned.get(item.what, (None, 0))
+        if last_s is not None and now_s - last_s < WARN_INTERVAL_S:
+            self._warned[item.what] = (last_s, held + 1)
+            return
+        self._warned[item.what] = (now_s, 0)
         log.warning(
-            "blaise: %s %s of %r failed its check or is missing: not served",
+            "blaise: %s %s of %r failed its check or is missing: not served%s",
             item.what,
             f"[{item.start}, {item.end})" if item.what == "section" else "",
             item.doc_id,
+            f" ({held} more since the last warning)" if held else "",
         )
 
     def _index(self, doc_id, key, manifest, texts) -> None:
@@ -402,6 +417,17 @@ def check_doc_id(doc_id) -> None:
     bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
     if bad is not None:
         raise ValueError(f"blaise: doc_id {doc_id!r:.80} holds the control character {bad!r}")
+
+
+def _decoded(data: bytes | None) -> str | None:
+    """Verified section bytes as text; None if missing or not UTF-8 (a forged manifest may
+    name a slice with its true digest that cuts a character)."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def decoded_slice(data: bytes, ref: SectionRef) -> str:

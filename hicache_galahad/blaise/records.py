@@ -106,29 +106,64 @@ class Manifest:
 
     @classmethod
     def decode(cls, data: bytes) -> Manifest:
-        body = json.loads(data)
+        """The manifest in `data`; raises ValueError for anything but a well-formed one (on a
+        plaintext root a record's digest is unkeyed, so its bytes may be forged: `[]`, a
+        missing field, 10^5 nested arrays)."""
+        try:
+            body = json.loads(data)
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if not isinstance(body, dict):
+            raise ValueError(f"a manifest is a JSON object, not {type(body).__name__}")
         schema = body.get("schema")
+        sections = []
         if schema == 1:
-            sections = tuple(
-                SectionRef(
-                    int(start), int(end), str(key), tuple(headings), str(key)[-64:], int(start)
-                )
-                for start, end, key, headings in body["sections"]
-            )
+            for item in _list(body, "sections"):
+                start, end, key, headings = _fields(item, (int, int, str, list))
+                sections.append(SectionRef(start, end, key, _headings(headings), key[-64:], start))
         elif schema == MANIFEST_SCHEMA:
-            blocks = [(int(base), int(end), str(key)) for base, end, key in body["blocks"]]
-            sections = []
-            for start, end, digest, headings, number in body["sections"]:
-                base, block_end, key = blocks[int(number)]
-                if not base <= int(start) <= int(end) <= block_end:
+            blocks = [_fields(item, (int, int, str)) for item in _list(body, "blocks")]
+            for item in _list(body, "sections"):
+                start, end, digest, headings, number = _fields(item, (int, int, str, list, int))
+                if not 0 <= number < len(blocks):
+                    raise ValueError(f"section [{start}, {end}) names no block")
+                base, block_end, key = blocks[number]
+                if not base <= start <= end <= block_end:
                     raise ValueError(f"section [{start}, {end}) outside its block")
-                sections.append(
-                    SectionRef(int(start), int(end), key, tuple(headings), str(digest), base)
-                )
-            sections = tuple(sections)
+                sections.append(SectionRef(start, end, key, _headings(headings), digest, base))
         else:
-            raise ValueError(f"unknown manifest schema {schema!r}")
-        return cls(str(body["doc_id"]), int(body["size"]), str(body["sha256"]), sections)
+            raise ValueError(f"unknown manifest schema {schema!r:.40}")
+        doc_id, size, sha256 = (body.get(name) for name in ("doc_id", "size", "sha256"))
+        if not (isinstance(doc_id, str) and _is_int(size) and isinstance(sha256, str)):
+            raise ValueError("doc_id, size or sha256 missing or of the wrong type")
+        return cls(doc_id, size, sha256, tuple(sections))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _list(body: dict, name: str) -> list:
+    value = body.get(name)
+    if not isinstance(value, list):
+        raise ValueError(f"{name} is not a list")
+    return value
+
+
+def _fields(item, types: tuple[type, ...]) -> tuple:
+    """A manifest row's fields, each checked against its type (int: non-negative)."""
+    if not isinstance(item, list) or len(item) != len(types):
+        raise ValueError(f"a row of {len(types)} fields expected")
+    for value, kind in zip(item, types, strict=True):
+        if not (_is_int(value) if kind is int else isinstance(value, kind)):
+            raise ValueError(f"a field of type {kind.__name__} expected")
+    return tuple(item)
+
+
+def _headings(headings: list) -> tuple[str, ...]:
+    if not all(isinstance(heading, str) for heading in headings):
+        raise ValueError("a heading is not a string")
+    return tuple(headings)
 
 
 def pack_blocks(bounds: list[tuple[int, int]], limit: int = BLOCK_BYTES) -> list[tuple[int, int]]:
@@ -243,13 +278,14 @@ class TextRecords:
     # ------------------------------------------------------------------ manifests
 
     def get_manifest(self, key: str) -> Manifest | None:
+        """The manifest, or None if missing, damaged or malformed (the caller counts it)."""
         data = self.store.get_bytes(self.namespace, key, MAX_MANIFEST_BYTES)
         if data is None:
             return None
         try:
             return Manifest.decode(data)
-        except (ValueError, KeyError, TypeError) as error:
-            log.warning("blaise: manifest %s is unreadable: %s", key[:40], error)
+        except ValueError as error:
+            log.debug("blaise: manifest %s is unreadable: %s", key[:40], error)
             return None
 
     # ------------------------------------------------------------------ catalog log
@@ -280,16 +316,22 @@ class TextRecords:
         return catalog, damaged
 
     def _read_log(self, key: str) -> dict | None:
+        """The entry, or None if missing, damaged or malformed: JSON that is not an object
+        with a known op, a str doc_id and (to add) a str manifest key. A plaintext root's
+        digest is unkeyed, so a well-digested entry may still be forged."""
         data = self.store.get_bytes(self.namespace, key, MAX_LOG_BYTES)
         if data is None:
             return None
         try:
             entry = json.loads(data)
-            if entry.get("op") in ("add", "remove") and isinstance(entry.get("doc_id"), str):
-                return entry
-        except ValueError:
-            pass
-        log.warning("blaise: catalog entry %s is unreadable", key)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("doc_id"), str):
+            return None
+        if entry.get("op") == "remove" or (
+            entry.get("op") == "add" and isinstance(entry.get("manifest"), str)
+        ):
+            return entry
         return None
 
     def append_log(self, entry: dict) -> bool:
