@@ -20,11 +20,12 @@ import logging
 import time
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import prompt as prompt_mod
 from .rank import Ranker, RankParams
 from .records import (
+    INLINE,
     MAX_DOC_ID_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_SECTION_BYTES,
@@ -206,7 +207,8 @@ class Blaise:
         digests = [hashlib.sha256(chunk).hexdigest() for chunk in chunks]
         blocks = pack_blocks([(s.start, s.end) for s in sections])
         block_datas = [data[base:end] for base, end in blocks]
-        block_keys = [block_key(doc_id, block) for block in block_datas]
+        inline = len(blocks) == 1  # one block: it follows the manifest in the same record
+        block_keys = [INLINE] if inline else [block_key(doc_id, b) for b in block_datas]
         refs, number = [], 0
         for section, section_digest in zip(sections, digests, strict=True):
             while section.start >= blocks[number][1]:
@@ -222,20 +224,23 @@ class Blaise:
                 )
             )
         refs = tuple(refs)
+        key, encoded = manifest_record(
+            Manifest(doc_id, len(data), digest, refs), block_datas[0] if inline else None
+        )
+        if inline:  # its sections are read from the manifest's own record
+            refs = tuple(replace(ref, key=key) for ref in refs)
+            block_keys, block_datas = [], []
         manifest = Manifest(doc_id, len(data), digest, refs)
-        key, encoded = manifest_record(manifest)
         if len(encoded) > MAX_MANIFEST_BYTES:
             raise ValueError(
                 f"blaise: the manifest of {doc_id!r} would be {len(encoded)} bytes: over the "
                 f"read cap of {MAX_MANIFEST_BYTES} bytes ({len(refs)} sections; raise "
                 "budget_tokens or split the document)"
             )
-        # the blocks and the manifest in one batch (a few files, published together), then
-        # the catalog entry that names them
-        if not self._records.put_document([*block_keys, key], [*block_datas, encoded]):
-            raise OSError(f"blaise: could not store the sections of {doc_id!r}")
-        if not self._records.append_log({"op": "add", "doc_id": doc_id, "manifest": key}):
-            raise OSError(f"blaise: could not store the manifest of {doc_id!r}")
+        # the blocks, the manifest and the catalog entry that names them: one batch
+        entry = {"op": "add", "doc_id": doc_id, "manifest": key}
+        if not self._records.put_document([*block_keys, key], [*block_datas, encoded], entry):
+            raise OSError(f"blaise: could not store {doc_id!r}")
         self._unindex(doc_id)
         self._index(doc_id, key, manifest, [decoded_slice(data, r) for r in refs])
         if previous is not None:
@@ -259,7 +264,7 @@ class Blaise:
         self._records.sync()
         key, manifest = previous
         for record in dict.fromkeys(ref.key for ref in manifest.sections):
-            if record not in keep:
+            if record not in keep and record != key:
                 self._records.delete_record(record)
         self._records.delete_record(key)
 

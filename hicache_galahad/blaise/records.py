@@ -59,6 +59,8 @@ SCHEMA = 1
 MAX_SECTION_BYTES = 16 << 20
 BLOCK_BYTES = 64 << 10  # sections are packed into records of up to this many bytes
 MANIFEST_SCHEMA = 2  # 1: a record per section (still read); 2: blocks
+INLINE_SCHEMA = 3  # 2, with the one block of a small document after the manifest's JSON
+INLINE = ""  # the block key of a section whose bytes follow its manifest in one record
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_LOG_BYTES = 1 << 20
 LOG_ENTRY_BYTES = 4096  # every catalog entry is padded to this size (see the module notes)
@@ -70,7 +72,8 @@ LOG_GAP_PROBE = 64  # missing log entries tolerated in a row (quarantined damage
 class SectionRef:
     start: int  # byte offsets into the document
     end: int
-    key: str  # the record holding the section's bytes (a block; schema 1: its own)
+    key: str  # the record holding the section's bytes (a block, or the manifest's own
+    # record for an inline document; schema 1: its own)
     headings: tuple[str, ...]
     digest: str  # SHA-256 (hex) of the section's bytes
     base: int  # the document offset at which that record's bytes start
@@ -95,7 +98,7 @@ class Manifest:
             bounds[number][1] = max(bounds[number][1], s.end)
             sections.append([s.start, s.end, s.digest, list(s.headings), number])
         body = {
-            "schema": MANIFEST_SCHEMA,
+            "schema": INLINE_SCHEMA if any(b[2] == INLINE for b in bounds) else MANIFEST_SCHEMA,
             "doc_id": self.doc_id,
             "size": self.size,
             "sha256": self.sha256,
@@ -105,12 +108,13 @@ class Manifest:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Manifest:
-        """The manifest in `data`; raises ValueError for anything but a well-formed one (on a
-        plaintext root a record's digest is unkeyed, so its bytes may be forged: `[]`, a
-        missing field, 10^5 nested arrays)."""
+    def decode(cls, data: bytes, key: str = "") -> Manifest:
+        """The manifest in the record `data` (stored under `key`, which its inline sections
+        name); raises ValueError for anything but a well-formed one (on a plaintext root a
+        record's digest is unkeyed, so its bytes may be forged: `[]`, a missing field, 10^5
+        nested arrays)."""
         try:
-            body = json.loads(data)
+            body = json.loads(data.split(b"\n", 1)[0])  # compact JSON has no line break
         except RecursionError:
             raise ValueError("nested too deeply") from None
         if not isinstance(body, dict):
@@ -121,8 +125,12 @@ class Manifest:
             for item in _list(body, "sections"):
                 start, end, key, headings = _fields(item, (int, int, str, list))
                 sections.append(SectionRef(start, end, key, _headings(headings), key[-64:], start))
-        elif schema == MANIFEST_SCHEMA:
+        elif schema in (MANIFEST_SCHEMA, INLINE_SCHEMA):
             blocks = [_fields(item, (int, int, str)) for item in _list(body, "blocks")]
+            if any(block_key == INLINE for _, _, block_key in blocks):
+                if schema != INLINE_SCHEMA or not key:
+                    raise ValueError("an inline block outside an inline manifest")
+                blocks = [(b, e, key if k == INLINE else k) for b, e, k in blocks]
             for item in _list(body, "sections"):
                 start, end, digest, headings, number = _fields(item, (int, int, str, list, int))
                 if not 0 <= number < len(blocks):
@@ -191,10 +199,20 @@ def block_key(doc_id: str, data: bytes) -> str:
     return f"b/{doc_prefix(doc_id)}/{hashlib.sha256(data).hexdigest()}"
 
 
-def manifest_record(manifest: Manifest) -> tuple[str, bytes]:
-    """The manifest's record key and bytes."""
+def manifest_record(manifest: Manifest, inline: bytes | None = None) -> tuple[str, bytes]:
+    """The manifest's record key and bytes. With `inline` (the bytes of the block whose
+    sections have the key INLINE), the record is the manifest's JSON, a line break, then
+    those bytes: a small document is one record, not a block and a manifest (every record
+    is a file the store creates, links and fsyncs: per document, that is what add() costs)."""
     data = manifest.encode()
+    if inline is not None:
+        data += b"\n" + inline
     return f"m/{doc_prefix(manifest.doc_id)}/{hashlib.sha256(data).hexdigest()}", data
+
+
+def inline_block(record: bytes) -> bytes:
+    """The block bytes of an inline manifest record (after its JSON)."""
+    return record.split(b"\n", 1)[1] if b"\n" in record else b""
 
 
 def log_entry(entry: dict) -> bytes:
@@ -242,9 +260,24 @@ class TextRecords:
 
     # ------------------------------------------------------------------ sections
 
-    def put_document(self, keys: list[str], datas: list) -> bool:
-        """Stores a document's blocks and its manifest (last) in one batch; False on failure."""
-        return all(self.store.put_many(self.namespace, keys, datas))
+    def put_document(self, keys: list[str], datas: list, entry: dict) -> bool:
+        """Stores a document's blocks, its manifest and then its catalog entry `entry` in one
+        batch (one ledger update, linked in order: the entry after the records it names);
+        False on failure. The entry takes the next log number; if another writer took that
+        number first (the store keeps its entry: the batch did not link ours), append_log
+        tries the numbers after it."""
+        log_key = f"log/{self._next_log}"
+        self._next_log += 1
+        linked: set[str] = set()
+        stored = self.store.publish_many(
+            self.namespace,
+            [*keys, log_key],
+            [*datas, log_entry(entry)],
+            lambda _, records: linked.update(key for key, _ in records),
+        )
+        if not all(stored[:-1]):
+            return False
+        return log_key in linked or self.append_log(entry)
 
     def get_section(self, ref: SectionRef) -> bytes | None:
         """The section's verified bytes, or None if missing or damaged (or not matching)."""
@@ -256,7 +289,11 @@ class TextRecords:
         out: list[bytes | None] = []
         for ref in refs:
             if ref.key not in blocks:
-                blocks[ref.key] = self.store.get_bytes(self.namespace, ref.key, MAX_SECTION_BYTES)
+                cap = MAX_MANIFEST_BYTES if ref.key.startswith("m/") else MAX_SECTION_BYTES
+                record = self.store.get_bytes(self.namespace, ref.key, cap)
+                if record is not None and ref.key.startswith("m/"):
+                    record = inline_block(record)
+                blocks[ref.key] = record
             block = blocks[ref.key]
             data = None
             if block is not None and ref.base <= ref.start <= ref.end <= ref.base + len(block):
@@ -283,7 +320,7 @@ class TextRecords:
         if data is None:
             return None
         try:
-            return Manifest.decode(data)
+            return Manifest.decode(data, key)
         except ValueError as error:
             log.debug("blaise: manifest %s is unreadable: %s", key[:40], error)
             return None
