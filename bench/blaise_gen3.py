@@ -323,7 +323,7 @@ FAMILIES = (
     Family(
         "expedition_duration", "expedition", _days,
         (
-            "{E} lasted {V}.",
+            "{E} endured for {V}.",
             "{E} was in the field for {V}.",
             "The members of {E} spent {V} away.",
         ),
@@ -472,9 +472,9 @@ FAMILIES = (
     Family(
         "telescope_mass", "telescope", _tonnes,
         (
-            "{E} weighs {V}.",
+            "With its mount, {E} weighs {V}.",
             "The moving parts of {E} come to {V}.",
-            "{E} has a mass of {V}.",
+            "{E} tops out at {V}.",
         ),
         (
             ("How massive is {E}?", "{E} is massive, at {V}."),

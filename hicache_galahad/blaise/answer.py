@@ -14,7 +14,7 @@ from __future__ import annotations
 import enum
 import re
 
-from .attributes_data import PERSON_NOUNS
+from .attributes_data import GROUP_NOUNS, PERSON_NOUNS
 
 
 class AnswerType(enum.Enum):
@@ -113,18 +113,31 @@ _ASKED_NOUN = re.compile(r"\b(?:which|what) ([a-z]+)\b", re.I)
 def question_type(question: str) -> AnswerType | None:
     """The kind of value `question` asks for, or None when no cue says. Besides the cue
     words, "which/what <noun>" asks for a person when the noun's first sense is one
-    (PERSON_NOUNS, from WordNet: "which craftsman")."""
+    (PERSON_NOUNS, from WordNet: "which craftsman"), and a size or number asked of a group
+    (GROUP_NOUNS: "how large was the staff") is a count of its members."""
     asked = _ASKED_NOUN.search(question)
     if asked and _singular(asked.group(1).lower()) in PERSON_NOUNS:
         return AnswerType.PERSON
     for kind, pattern in _QUESTION:
         if pattern.search(question):
+            if kind is AnswerType.COUNT and _names_a_group(question):
+                return AnswerType.TALLY  # the size of a group: a count of its members
             return kind
     return None
 
 
+_DETERMINED = re.compile(r"\b(?:the|a|an|its|their|his|her|this|that) ([a-z]+)\b", re.I)
+
+
+def _names_a_group(question: str) -> bool:
+    """Whether `question` names, after a determiner (where a noun stands: "the staff", not
+    "set ... back"), a noun whose first sense is a group (GROUP_NOUNS, from WordNet: staff,
+    audience, crew)."""
+    return any(_singular(m.group(1).lower()) in GROUP_NOUNS for m in _DETERMINED.finditer(question))
+
+
 def _singular(noun: str) -> str:
-    if noun in PERSON_NOUNS or not noun.endswith("s"):
+    if noun in PERSON_NOUNS or noun in GROUP_NOUNS or not noun.endswith("s"):
         return noun
     return noun[:-2] if noun.endswith(("ches", "shes", "sses")) else noun[:-1]
 

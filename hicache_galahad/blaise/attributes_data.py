@@ -4747,7 +4747,8 @@ GLOSSED: dict[str, dict[str, float]] = {
     "weigh": {"weight": 0.5},
 }
 
-# nouns whose first sense is a person (WordNet's noun.person, sense-tagged)
+# nouns whose first sense is a person or a group (noun.person, noun.group;
+# sense-tagged)
 _PERSON_NOUNS_TEXT = """
 abbot abo abolitionist aborigine academic accomplice accountant acolyte actor actress adam adherent
 administrator admirer adolescent adonis adult adulterer adventurer adversary advisor advocate aeon aeschylus
@@ -4857,3 +4858,33 @@ windbag wingback wingman winner wisenheimer witch witness wizard woman woodcarve
 workman worshipper wrestler wretch writer yank yankee yokel youngster youth zionist zombie
 """
 PERSON_NOUNS = frozenset(_PERSON_NOUNS_TEXT.split())
+_GROUP_NOUNS_TEXT = """
+academy aged agency agglomeration aggregation alignment ally ancestry aristocracy army array assemblage
+association assortment audience authorities aviation backlog baffled band banquet bastion batch battalion
+battery bevy blind bloc board bourgeoisie branch breed brigade brokerage brood brush
+bunch bundle bureau bureaucracy business businessmen cadre capitalism caravan carload cast category
+cautious cavalcade cavalry chain charity choir christendom chunk church circus civilization clan
+class clergy clientele clique clod club clump cluster coalition collection collective college
+colony column combination combo commission committee communism community company conclave conference congregation
+congress contemporaries content contingent convention convoy core corporation corps council country couple
+court cream crew crossroads crowd cubism cult culture cyclades dadaism damned data
+dead deaf delegation demimonde denomination department descendants dictatorship disabled discomfited division doomed
+dynasty economy elite enemy ensemble faction faithful family feast fellowship firm flank
+fleet flight flock folk folks following forest formation foursome fraternity galaxy gang
+gathering generation gentry gop governed government grade grove hamlet haystack heap herd
+hierarchy highschool hive hodgepodge hollywood homebound homefolk horde household industrialism industry infantry
+ingroup institute institution instrumentality judaism judiciary jury kindergarten knot labor labour laity
+law leaders league legion legislature line lineage litter lost lump maimed majors
+manpower manufacturer masses matrix meeting membership men military militia ministry minority mission
+mob musketry mythology nation nationality navy nazism neoromanticism network nobility orchestra ordering
+organization outfit package packet pair pantheon parade parish parliament partnership party patrol
+pedigree people personnel phylum pile platoon police populace population posse potpourri processor
+profession progression proletariat public publisher rabble rally rank rear rearguard regime regiment
+reich remuda republic reserves retreated retrospective reunion rotc row ruck school sect
+seminary senate sequence series set settlement sick slain social society soldiery sorority
+soviets species squad squadron stack staff statuary streak subcommittee subgroup subspace subspecies
+subsystem swad swarm symposium syndicate table tableau team thicket throng traffic tribunal
+troop troops troupe tudor tuft tyranny un unconfessed underbrush underworld uninitiate union
+university utility vanguard variety vegetation viewers village wildlife wisp woods wounded
+"""
+GROUP_NOUNS = frozenset(_GROUP_NOUNS_TEXT.split())
