@@ -23,11 +23,22 @@ the lexicon above (kilogram -> metric weight unit, "a decimal unit of weight bas
 gram" -> weight; hectare -> area; degree Celsius -> temperature). A sentence that states "4,381
 kilograms" states a weight though no attribute word is in it.
 
+Units of time (issue 33): WordNet files them under measure, not under unit of measurement,
+so the hyponyms of `time unit` (15154774) and the synsets directly under `time period`
+(15113229: year, decade, century) are units too, each lemma only where that unit is its
+first sense (not frame); their nearest hypernyms name duration.
+
 First senses (GLOSSED), from WordNet's index files, which list a word's senses most frequent
 first: for a word not in the lexicon, the attributes that the definition of its first sense
 (as a noun, a verb, an adjective) names, at half their weight, when that definition names an
 attribute (a lemma of its synset: weigh, "have a certain weight" -> weight; load, "weight to
-be borne or conveyed" -> weight).
+be borne or conveyed" -> weight), or a noun that an adjective of such a lemma pertains to
+(monetary_value -> monetary -> money: pay, "give money ..." -> money).
+
+Person and group nouns (PERSON_NOUNS, GROUP_NOUNS): the single-word nouns whose first sense
+is in the noun.person (or noun.group) lexicographer file and was seen in WordNet's
+sense-tagged corpus ("which craftsman" asks for a person; "how large was the staff" for a
+count of members).
 """
 
 from __future__ import annotations

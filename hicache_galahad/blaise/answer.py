@@ -1,5 +1,5 @@
 """Expected answer types: what kind of value a question asks for, and whether a sentence holds
-one. Pure code, regular expressions only.
+one. Pure code: regular expressions, and WordNet's person and group nouns (attributes_data.py).
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
