@@ -83,6 +83,19 @@ VARIANTS = {
             }
         ).encode(),
     ),
+    "manifest naming an inline block outside schema 3": lambda root: forged_manifest(
+        root,
+        json.dumps(
+            {
+                "schema": 2,
+                "doc_id": "forged.md",
+                "size": 1,
+                "sha256": "0" * 64,
+                "blocks": [[0, 1, ""]],
+                "sections": [[0, 1, "0" * 64, [], 0]],
+            }
+        ).encode(),
+    ),
     "manifest without doc_id": lambda root: forged_manifest(
         root, json.dumps({"schema": 2, "blocks": [], "sections": []}).encode()
     ),
