@@ -205,3 +205,28 @@ def test_key_files_behind_a_symbolic_link_and_fifos(tmp_path, load):
     os.mkfifo(tmp_path / "fifo", 0o600)
     with pytest.raises(KeyFileError, match="not a regular file"):
         load(str(tmp_path / "fifo"))
+
+
+def test_a_huge_batch_of_cold_pages_never_holds_a_descriptor_each(tmp_path, monkeypatch):
+    """What the page-cache attempts hand on is bounded (HANDED_ON_MAX, here 2): past it a
+    declined record is closed and the full read opens it again; every page is still served
+    and every descriptor closed."""
+    monkeypatch.setattr(reader_module, "HANDED_ON_MAX", 2)
+    store = RecordStore(str(tmp_path / "store"), durability="none")
+    try:
+        store.register_namespace(NS)
+        pages = [content(key, PAGE) for key in KEYS]
+        assert all(store.put_many(NS, KEYS, pages))
+        fds_before = _open_fds()
+        calls = Calls(monkeypatch, not_cached=True)
+        outs = [bytearray(PAGE) for _ in KEYS]
+        assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
+        assert outs == [bytearray(page) for page in pages]
+        if reader_module.RWF_NOWAIT:
+            assert calls.counts["open"] == 2 + 2 * (len(KEYS) - 2)
+        assert _open_fds() == fds_before
+        slots = store.reader._handed_on
+        assert all(slots.acquire(blocking=False) for _ in range(2))  # every slot given back
+    finally:
+        monkeypatch.undo()
+        store.close()

@@ -19,6 +19,7 @@ import contextlib
 import errno
 import os
 import stat
+import threading
 import time
 
 from ..record import format as fmt
@@ -48,6 +49,10 @@ TOUCHED_LOCATIONS_MAX = 65_536
 # this long ago, so it is never older than this (plus the time between two reads) while the
 # record is read, at one futimens per record per interval (docs/OPERATIONS.md).
 RECENCY_INTERVAL_S = 2.0
+# Records the page-cache attempts may hand on to the full read at once, open (SGLang asks 128
+# pages a batch): past it a declined record is closed, and the full read opens it again, so a
+# huge batch of cold pages never holds a descriptor each.
+HANDED_ON_MAX = 512
 
 
 def reader_may_be_wrong(error: fmt.FormatError, key_proven: bool) -> bool:
@@ -67,12 +72,13 @@ class OpenedRecord:
     """A record the page-cache attempt opened and did not serve, for read_into to go on
     with: its descriptor (or the error its open raised: a missing record is not looked up
     twice) and its encoded key. False as a truth value (it was not served). read_into closes
-    it; one dropped unread (a batch abandoned by an exception) is closed when collected."""
+    it; one dropped unread (a batch abandoned by an exception) is closed when collected.
+    `slot` (one of the reader's HANDED_ON_MAX) is released once the descriptor leaves it."""
 
-    __slots__ = ("fd", "error", "key_bytes")
+    __slots__ = ("fd", "error", "key_bytes", "slot")
 
-    def __init__(self, fd: int | None, error: Exception | None, key_bytes: bytes):
-        self.fd, self.error, self.key_bytes = fd, error, key_bytes
+    def __init__(self, fd: int | None, error: Exception | None, key_bytes: bytes, slot=None):
+        self.fd, self.error, self.key_bytes, self.slot = fd, error, key_bytes, slot
 
     def __bool__(self) -> bool:
         return False
@@ -82,12 +88,19 @@ class OpenedRecord:
         if self.error is not None:
             raise self.error
         fd, self.fd = self.fd, None
+        self._release()
         return fd
 
     def close(self) -> None:
         fd, self.fd = self.fd, None
+        self._release()
         if fd is not None:
             os.close(fd)
+
+    def _release(self) -> None:
+        slot, self.slot = self.slot, None
+        if slot is not None:
+            slot.release()
 
     __del__ = close
 
@@ -103,6 +116,7 @@ class RecordReader:
         self._used_s: dict = {}  # location -> when this process last set its time of last use
         self._nowait_works = bool(RWF_NOWAIT)
         self._scratch = ScratchBuffers()
+        self._handed_on = threading.BoundedSemaphore(HANDED_ON_MAX)
         self.files = FileVerifier(layout, codec, self._key_proven)
 
     def key_proven(self, dirname: str) -> bool:
@@ -183,6 +197,10 @@ class RecordReader:
         except BaseException:
             opened.close()
             raise
+        if not self._handed_on.acquire(blocking=False):
+            opened.close()  # (HANDED_ON_MAX held already: the full read opens it again)
+            return None
+        opened.slot = self._handed_on
         return opened
 
     def raw_len(self, namespace: Namespace, key: str) -> int:
