@@ -21,7 +21,7 @@ from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
 from . import payload
 from .layout import RECORD_SUFFIX, FileEntry, StoreLayout, record_filename
-from .payload import READ_CHUNK_BYTES, open_record
+from .payload import READ_CHUNK_BYTES, RWF_NOWAIT, open_record
 
 # A record file of at most this many bytes is read whole, in one pread, and checked from that
 # buffer; a larger one is streamed READ_CHUNK_BYTES at a time (never held whole).
@@ -32,7 +32,6 @@ VERIFY_WHOLE_MAX_BYTES = READ_CHUNK_BYTES
 VERIFY_CACHED_MAX_BYTES = 1 << 16
 # The file name of a record of a 64-hex key (record_filename: the key, then the suffix).
 _HEX_RECORD_NAME = re.compile("[0-9a-f]{64}" + re.escape(RECORD_SUFFIX))
-RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)  # (see reader.py)
 
 
 def expected_page_bytes(namespace: Namespace | None) -> int | None:

@@ -20,6 +20,10 @@ IOV_MAX = 1024  # the most buffers one preadv or writev takes (Linux's UIO_MAXIO
 # What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
 # symlink, a socket, a directory, a FIFO read with an offset).
 NOT_REGULAR_ERRNOS = frozenset({errno.ELOOP, errno.ENXIO, errno.EISDIR, errno.ESPIPE})
+# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere).
+# A hint, not a promise: on a fast virtual disk the readahead it starts sometimes completes
+# and the read is served. Only where a read runs depends on it, never what it returns.
+RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 # A sealed record of several small pieces (a page of many layers) is decrypted in a per-thread
 # scratch buffer in one call and copied out after its tag verifies: each decrypt call has a
 # fixed cost that outweighs a copy of a small piece. A compressed record of at most this is

@@ -29,17 +29,13 @@ from ..record.namespace import Namespace
 from . import payload
 from .file_verifier import FileVerifier
 from .layout import StoreLayout, record_filename
-from .payload import IOV_MAX, NOT_REGULAR_ERRNOS, ScratchBuffers, open_record
+from .payload import IOV_MAX, NOT_REGULAR_ERRNOS, RWF_NOWAIT, ScratchBuffers, open_record
 
-__all__ = ["OpenedRecord", "RecordReader", "open_record", "reader_may_be_wrong"]
+__all__ = ["OpenedRecord", "RWF_NOWAIT", "RecordReader", "open_record", "reader_may_be_wrong"]
 
 # A record of at most this many raw bytes is read whole in one preadv (a compressed one into
 # the per-thread scratch buffer, which holds this much).
 FAST_READ_MAX_BYTES = payload.SCRATCH_MAX_BYTES
-# preadv2 flag: fail with EAGAIN instead of waiting for the disk (Linux 4.14+; 0 elsewhere).
-# A hint, not a promise: on a fast virtual disk the readahead it starts sometimes completes
-# and the read is served. Only where a read runs depends on it, never what it returns.
-RWF_NOWAIT = getattr(os, "RWF_NOWAIT", 0)
 # The records whose time of last use this process set within RECENCY_INTERVAL_S: bounded (about
 # 210 bytes an entry, so at most ~14 MB), cleared when full, which costs at most one more
 # futimens per record read again within the interval.
