@@ -40,7 +40,6 @@ class RecordCodec:
         self.digest_alg = digest_alg
         self.digest_bytes = fmt.DIGEST_SIZES[digest_alg]
         self.digest_padding = bytes(32 - self.digest_bytes)
-        self.digest_zeros = bytes(self.digest_bytes)
         self.compression = compression
         self.zstd_level = zstd_level
         self.allow_unverified = allow_unverified
@@ -120,6 +119,23 @@ class RecordCodec:
             payload,
             cipher=self.cipher(tenant) if header.encrypted and tenant is not None else None,
         )
+
+    def plain_page_digest(self, head, namespace: Namespace, key_bytes: bytes, raw_len: int):
+        """The digest check (verifier.Digest, its header fed) of a plain record of `raw_len`
+        bytes whose first bytes `head` (header and key echo) are the one header check_header
+        accepts for the request: V1-V12 by one comparison (expected_plain_header, the echo,
+        the digest's padding). None when they are not: the caller then applies the rules one
+        by one. The payload is still to be fed and the digest matched (V13)."""
+        view = memoryview(head)
+        digest_end = fmt.DIGEST_OFFSET + self.digest_bytes
+        if (
+            view[: fmt.DIGEST_OFFSET]
+            != self.expected_plain_header(namespace, len(key_bytes), raw_len)
+            or view[fmt.FIXED_HEADER_BYTES :] != key_bytes
+            or view[digest_end : fmt.FIXED_HEADER_BYTES] != self.digest_padding
+        ):
+            return None
+        return verifier.Digest(self.digest_alg, bytes(view[fmt.DIGEST_OFFSET : digest_end]), view)
 
     def expected_plain_header(self, namespace: Namespace, key_len: int, raw_len: int) -> bytes:
         """verifier.expected_plain_header for this store's digest, cached."""

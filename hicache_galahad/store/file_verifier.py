@@ -107,7 +107,7 @@ class FileVerifier:
         """True only if `data`, a whole record file, passes every rule as a plain,
         uncompressed record of a 64-hex key (SGLang's page hashes) of the directory's
         namespace, in a store without encryption: its first bytes are then the one header
-        check_header accepts (expected_plain_header, as on the page-cache read path), its
+        check_header accepts (codec.plain_page_digest, as on the read paths), its
         echo the file name's key and its digest matches. On any doubt False: the caller
         applies the rules one by one, which name the one that failed (or pass a sound
         record of another form)."""
@@ -126,16 +126,11 @@ class FileVerifier:
         page_bytes = expected_page_bytes(namespace)
         if raw_len < 0 or (page_bytes is not None and raw_len != page_bytes):
             return False
-        digest_end = fmt.DIGEST_OFFSET + codec.digest_bytes
-        if not (
-            data.startswith(codec.expected_plain_header(namespace, 64, raw_len))
-            and data.startswith(name[:64].encode("ascii"), fmt.FIXED_HEADER_BYTES)
-            and data.startswith(codec.digest_padding, digest_end)
-        ):
-            return False
         view = memoryview(data)
-        expected = bytes(view[fmt.DIGEST_OFFSET : digest_end])
-        digest = verifier.Digest(codec.digest_alg, expected, view[:header_len])
+        key_bytes = name[:64].encode("ascii")
+        digest = codec.plain_page_digest(view[:header_len], namespace, key_bytes, raw_len)
+        if digest is None:
+            return False
         digest.update(view[header_len:])
         return digest.matches()
 

@@ -262,24 +262,15 @@ class RecordReader:
 
     def _read_plain_at_once(self, fd, namespace, key_bytes, segments, raw_len: int, flags):
         """A plain record: its first bytes compared with the one header check_header accepts
-        for the request (codec.expected_plain_header), then its digest."""
-        codec = self.codec
+        for the request (codec.plain_page_digest), then its digest."""
         head = bytearray(fmt.FIXED_HEADER_BYTES + len(key_bytes))
         if not payload.read_exactly(fd, [head, *segments], len(head) + raw_len, flags):
             return False
-        digest_end = fmt.DIGEST_OFFSET + codec.digest_bytes
-        if (
-            head[: fmt.DIGEST_OFFSET]
-            != codec.expected_plain_header(namespace, len(key_bytes), raw_len)
-            or head[fmt.FIXED_HEADER_BYTES :] != key_bytes
-            or head[digest_end : fmt.FIXED_HEADER_BYTES] != codec.digest_padding
-        ):
+        digest = self.codec.plain_page_digest(head, namespace, key_bytes, raw_len)
+        if digest is None:
             return False
-        digest = verifier.Digest(
-            codec.digest_alg, bytes(head[fmt.DIGEST_OFFSET : digest_end]), head
-        )
         if not digest.active:
-            return codec.allow_unverified
+            return self.codec.allow_unverified
         for segment in segments:
             digest.update(segment)
         return digest.matches()
