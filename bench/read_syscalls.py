@@ -10,7 +10,8 @@ counted and divided by the number of records. Cases:
   nothing: the kernel may keep a page, which only lowers the count);
 - zstd / zstd cold: a compressed record (the page compresses), warm and cold;
 - aes warm / aes cold: an encrypted record (AES-256-GCM);
-- put: the write path (`put_many` of new records, durability "none"), for reference.
+- put / re-put: the write path (`put_many` of new records, durability "none"; then of the
+  same records again: the "already stored?" check), for reference.
 
 A first batch of other records is read before the marker, so that the I/O threads exist.
 "file" sums the calls on record files listed; "all" adds the others, mostly futex calls of
@@ -48,6 +49,7 @@ CASES = {
     "aes warm": ("none", True, False, "get"),
     "aes cold": ("none", True, True, "get"),
     "put": ("none", False, False, "put"),
+    "re-put": ("none", False, False, "re-put"),
 }
 # The record file's own calls, reported one by one; "all" adds the rest (futex of the I/O
 # threads' hand-offs, the counters' file, ...).
@@ -82,7 +84,9 @@ def worker(case: str, root: str, records: int) -> None:
     )
     store.register_namespace(namespace)
     outs = [bytearray(PAGE_BYTES) for _ in keys]
-    if what == "put":
+    if what == "re-put":
+        assert all(store.put_many(namespace, keys, pages))
+    if what in ("put", "re-put"):
         _mark(BEGIN)
         results = store.put_many(namespace, keys, pages)
         _mark(END)
