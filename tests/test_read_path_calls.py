@@ -230,3 +230,13 @@ def test_a_huge_batch_of_cold_pages_never_holds_a_descriptor_each(tmp_path, monk
     finally:
         monkeypatch.undo()
         store.close()
+
+
+def test_a_key_with_no_file_name_fails_only_its_own_put(tmp_path):
+    """File names are computed once per put, before the batch: a key that has none (not a
+    string) still fails only its own record, never the put."""
+    with RecordStore(str(tmp_path / "store"), durability="none") as store:
+        store.register_namespace(NS)
+        page = content(KEYS[0], PAGE)
+        assert store.put_many(NS, [None, KEYS[0]], [page, page]) == [False, True]
+        assert store.get(NS, KEYS[0], PAGE) == page

@@ -13,8 +13,9 @@ decided here:
 - `decode_payload`, `decode_record`: all of them on a payload or a whole record in memory
   (a compressed page read whole, a Mooncake value, the tests).
 
-The page-cache path compares a record's first bytes with `expected_plain_header`: the only
-header of that size that `check_header` accepts for the request, as bytes.
+The one-read paths compare a plain record's first bytes with `expected_plain_header` (through
+codec.plain_page_digest): the only header of that size that `check_header` accepts for the
+request, as bytes.
 
 The verifier calls nothing above it (format.py, compression.py): the readers drive it.
 Pure: no I/O, no torch, no SGLang.

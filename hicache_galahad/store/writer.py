@@ -111,6 +111,15 @@ def _record_bytes(data) -> int:
         return 0  # not a buffer: _prepare reports it
 
 
+def _filename(key) -> str | None:
+    """record_filename(key), computed once per put; None for a key that has none (not a
+    string: _prepare reports it as that record's failure)."""
+    try:
+        return record_filename(key)
+    except Exception:
+        return None
+
+
 def _batches(record_bytes: list[int]):
     """(start, end) of consecutive batches of at most STAGE_BATCH records and, unless one
     record alone is larger, STAGE_BATCH_MAX_BYTES."""
@@ -169,7 +178,7 @@ class RecordWriter:
             self._write_failed(f"{len(keys)} record(s) of {namespace.dirname}", error)
             self.counters.add("puts_failed", len(keys))
             return [False] * len(keys)
-        filenames = [record_filename(key) for key in keys]
+        filenames = [_filename(key) for key in keys]
         try:
             results: list[bool] = []
             sizes = [_record_bytes(data) for data in datas]
