@@ -198,14 +198,16 @@ class RecordStore:
         filenames = [record_filename(key) for key in keys]
         # Pages in the page cache are served here at once; only the others go to the I/O
         # threads (for small warm pages the hand-off to threads cost more than the read).
+        # Each of the others goes on from what the page-cache attempt opened (read_into
+        # closes it): a record is opened once.
         results = [
             self._read_cached(namespace, key, out, filename)
             for key, out, filename in zip(keys, outs, filenames, strict=True)
         ]
-        rest = [index for index, ok in enumerate(results) if not ok]
+        rest = [index for index, result in enumerate(results) if result is not True]
         rest_results = self._parallel(
             lambda j: self._read_guarded(
-                namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]]
+                namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]], results[rest[j]]
             ),
             len(rest),
         )
@@ -242,28 +244,30 @@ class RecordStore:
         use) as it was; damage it finds is counted and quarantined as on any read."""
         return self._read_guarded(namespace, key, bytearray(expected_size), silent=True)
 
-    def _read_cached(self, namespace: Namespace, key: str, out, filename: str) -> bool:
-        """The page-cache path; it declines (False) whatever it cannot serve, and the full
-        path (_read_guarded) decides. A destination it cannot use (TypeError, ValueError) is
-        left for the full path to report; any other exception is a bug of this path: counted
-        and reported, and the record still goes to the full path."""
+    def _read_cached(self, namespace: Namespace, key: str, out, filename: str):
+        """The page-cache path: True, or what it declined (None, or the record as it opened
+        it: reader.OpenedRecord), which the full path (_read_guarded) decides. A destination
+        it cannot use (TypeError, ValueError) is left for the full path to report; any other
+        exception is a bug of this path: counted and reported, and the record still goes to
+        the full path."""
         try:
             return self.reader.read_cached_into(namespace, key, out, filename)
         except (TypeError, ValueError):  # a destination it cannot use: the full path says so
-            return False
+            return None
         except Exception as error:
             self._bug("read-cached-bug", "page-cache read", error)
-            return False
+            return None
 
     def _read_guarded(
-        self, namespace: Namespace, key: str, out, filename=None, silent: bool = False
+        self, namespace: Namespace, key: str, out, filename=None, opened=None, silent=False
     ) -> bool:
-        """One read; False on a miss of any kind (counted here unless `silent`; hits are
-        counted by the caller, once per batch). A `silent` read (verify) counts only damage
-        and errors, and does not set the record's time of last use."""
+        """One read (going on from `opened`, when the page-cache path opened the record);
+        False on a miss of any kind (counted here unless `silent`; hits are counted by the
+        caller, once per batch). A `silent` read (verify) counts only damage and errors, and
+        does not set the record's time of last use."""
         miss = 0 if silent else 1
         try:
-            self.reader.read_into(namespace, key, out, filename, note_use=not silent)
+            self.reader.read_into(namespace, key, out, filename, not silent, opened)
         except FileNotFoundError:
             self.counters.add("misses", miss)
             return False
@@ -464,9 +468,9 @@ class RecordStore:
             os.close(fd)
 
     def verify_file(self, entry, namespace: Namespace | None) -> None:
-        """Every rule on a record file found by record_files (reader.verify_file), as
+        """Every rule on a record file found by record_files (reader.files.verify), as
         `galahad verify` applies them; raises format.FormatError or OSError."""
-        self.reader.verify_file(entry, namespace)
+        self.reader.files.verify(entry, namespace)
 
     def live_settings(self) -> list[dict]:
         """The settings of the processes alive on this root (lifetime.live_settings)."""
