@@ -574,10 +574,10 @@ class StoreLayout:
         dir_fd = self.namespace_fd(dirname, recheck=True)  # a directory made again is taken
         if self.load_namespace(dirname) == namespace:
             return
-        temp_name = f"{NAMESPACE_FILE}.{os.urandom(8).hex()}{NAMESPACE_TEMP_SUFFIX}"
-        flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW | os.O_CLOEXEC
+        fd, temp_name = create_temp(
+            NAMESPACE_FILE + ".", NAMESPACE_TEMP_SUFFIX, dir_fd=dir_fd, mode=0o666
+        )
         try:
-            fd = os.open(temp_name, flags, 0o666, dir_fd=dir_fd)
             with os.fdopen(fd, "w") as description:
                 json.dump(namespace.describe() | {"digest": namespace.digest.hex()}, description)
                 description.flush()

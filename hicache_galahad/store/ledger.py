@@ -51,6 +51,7 @@ from collections.abc import Callable
 
 from .layout import (
     NotRegularFileError,
+    create_temp,
     identity_alive,
     is_record_name,
     is_token,
@@ -141,8 +142,7 @@ class ProcessLock:
     def _create(self) -> int:
         dir_fd = open_dir(self.directory)
         try:
-            temp = self.token + NEW_LOCK_SUFFIX
-            fd = open_regular(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, dir_fd=dir_fd)
+            fd, temp = create_temp(self.token + ".", NEW_LOCK_SUFFIX, dir_fd=dir_fd)
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX)
                 os.rename(temp, self.token + LOCK_SUFFIX, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -559,15 +559,19 @@ class Ledger:
     def _replace(self) -> None:
         """Puts an empty ledger where something else is (renamed over it: atomic, and never
         through a link). A directory there cannot be replaced: OSError."""
-        temp = f"{self._path}.{self._process.token}.new"
-        fd = open_regular(temp, os.O_RDWR | os.O_CREAT | os.O_TRUNC)
-        os.close(fd)
+        directory, name = os.path.split(self._path)
+        dir_fd = open_dir(directory)
         try:
-            os.rename(temp, self._path)
-        except OSError:
-            with contextlib.suppress(OSError):
-                os.unlink(temp)
-            raise
+            fd, temp = create_temp(f"{name}.{self._process.token}.", ".new", dir_fd=dir_fd)
+            os.close(fd)
+            try:
+                os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+            except OSError:
+                with contextlib.suppress(OSError):
+                    os.unlink(temp, dir_fd=dir_fd)
+                raise
+        finally:
+            os.close(dir_fd)
 
     def _reopen_if_replaced(self) -> None:
         """A ledger deleted or replaced under us: switch to the file at the path."""
