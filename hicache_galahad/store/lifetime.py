@@ -2,8 +2,9 @@
 
     <root>/stats/<token>.json   the counters, settings and identity (pid namespace, pid, start
                                 time) of one open store process: written when it opens the
-                                store, rewritten atomically at most every FLUSH_INTERVAL_S,
-                                and folded into lifetime.json when it closes the store
+                                store, rewritten atomically within FLUSH_INTERVAL_S of a
+                                change (by a thread of its own, idle or not), and folded into
+                                lifetime.json when it closes the store
     <root>/stats/lifetime.json  counters of processes that are gone, folded in by the next
                                 process to open the store (under flock)
 
@@ -199,17 +200,29 @@ def retire(root: str, token: str) -> None:
 
 
 class CounterFile:
-    """This process's counter file, and the folding of dead processes' files."""
+    """This process's counter file, written from a thread of its own within FLUSH_INTERVAL_S
+    of any change (an idle server's last counts reach the disk too: a SIGKILL loses at most
+    that interval), and the folding of dead processes' files. No read or write of the store
+    waits for it."""
 
-    def __init__(self, root: str, token: str, is_alive: Callable[[str], bool], settings: dict):
+    def __init__(
+        self,
+        root: str,
+        token: str,
+        is_alive: Callable[[str], bool],
+        settings: dict,
+        snapshot: Callable[[], dict],
+    ):
         self.directory = os.path.join(root, STATS_DIR)
         self._settings = settings
+        self._snapshot = snapshot
         self._identity = process_identity()
         self._name = token + ".json"
         self._path = os.path.join(self.directory, self._name)
-        self._last_flush_s = 0.0
+        self._written: dict = {}  # the counters the file holds
         self._closed = False
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
         with _open_files_lock:
@@ -218,39 +231,59 @@ class CounterFile:
         self._write_now({})
         with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
             _fold(dir_fd, lambda name: not self._is_live(name, token, is_alive))
+        self._thread = threading.Thread(
+            target=_flush_every_interval,
+            args=(weakref.ref(self), self._stop),
+            name="galahad-counters",
+            daemon=True,
+        )
+        self._thread.start()
 
     @staticmethod
     def _is_live(name: str, token: str, is_alive: Callable[[str], bool]) -> bool:
         other = name[: -len(".json")]
         return other == token or (is_token(other) and is_alive(other))
 
-    def _write_now(self, counters: dict) -> None:
+    def _write_now(self, counters: dict) -> bool:
         document = {"counters": counters, "updated_s": time.time(), "settings": self._settings}
         if self._identity is not None:
             document["process"] = self._identity
         with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
             _write(dir_fd, self._name, document)
+            return True
+        return False
 
-    def maybe_flush(self, snapshot: Callable[[], dict], force: bool = False) -> None:
-        """Writes the counters if FLUSH_INTERVAL_S has passed (never raises)."""
-        now_s = time.monotonic()
-        if self._closed or (not force and now_s - self._last_flush_s < FLUSH_INTERVAL_S):
-            return
-        if not self._lock.acquire(blocking=force):
-            return
-        try:
-            if self._closed:
-                return
-            self._last_flush_s = now_s
-            self._write_now({k: v for k, v in snapshot().items() if v})
-        finally:
-            self._lock.release()
+    def _flush_locked(self) -> None:
+        counters = {k: v for k, v in self._snapshot().items() if v}
+        if counters != self._written and self._write_now(counters):
+            self._written = counters
+
+    def flush(self) -> None:
+        """Writes the counters if they changed since they were written (never raises)."""
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
 
     def close(self) -> None:
-        """No more writes; the file is folded into lifetime.json (never raises)."""
+        """Writes the last counts and stops writing; the file is folded into lifetime.json
+        (never raises)."""
+        self._stop.set()
         with self._lock:
             if self._closed:
                 return
+            self._flush_locked()
             self._closed = True
             with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
                 _fold(dir_fd, lambda name: name == self._name)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=FLUSH_INTERVAL_S)
+
+
+def _flush_every_interval(counter_file_ref: weakref.ref, stop: threading.Event) -> None:
+    """The writing thread of one CounterFile (held weakly: a store dropped unclosed lets it go)."""
+    while not stop.wait(FLUSH_INTERVAL_S):
+        counter_file = counter_file_ref()
+        if counter_file is None:
+            return
+        counter_file.flush()
+        del counter_file

@@ -151,7 +151,11 @@ class RecordStore:
         self._closed = False
         if not self.read_only:
             self._counter_file = CounterFile(
-                self.root, self.accounting.token, self.accounting.is_alive, self._settings()
+                self.root,
+                self.accounting.token,
+                self.accounting.is_alive,
+                self._settings(),
+                self.counters.snapshot,
             )
             self.accounting.open_scan()
 
@@ -167,10 +171,6 @@ class RecordStore:
             "digest": options.digest,
             "durability": options.durability,
         }
-
-    def _persist_counters(self, force: bool = False) -> None:
-        if self._counter_file is not None:
-            self._counter_file.maybe_flush(self.counters.snapshot, force)
 
     def register_namespace(self, namespace: Namespace) -> Namespace:
         """Creates the namespace's directory and description (idempotent) and returns it; a
@@ -218,7 +218,6 @@ class RecordStore:
         self.index.touch_many_head_last(
             [(namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok]
         )
-        self._persist_counters()
         return results
 
     def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
@@ -363,7 +362,6 @@ class RecordStore:
             return [False] * len(keys)
         self.namespaces.refresh(namespace)
         results = self.writer.put_many(namespace, keys, datas, on_published)
-        self._persist_counters()
         return results
 
     # ----------------------------------------------------------------- deletion
@@ -548,7 +546,6 @@ class RecordStore:
         self._pool.shutdown(wait=True)
         if self.flusher is not None:
             self.flusher.close()
-        self._persist_counters(force=True)
         with contextlib.suppress(OSError):
             self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()
