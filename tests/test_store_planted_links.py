@@ -20,7 +20,8 @@ from pathlib import Path
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.layout import StoreLayout
-from hicache_galahad.store.ledger import ABANDONED_LOCK_AGE_S, Ledger, ProcessLock
+from hicache_galahad.store.ledger import Ledger
+from hicache_galahad.store.liveness import ABANDONED_LOCK_AGE_S, ProcessLock
 
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
 SECRET = b"the operator's file outside the store root\n" * 10

@@ -18,8 +18,9 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import NotARegularFileError
 from ..telemetry.metrics import Counters, RateLimitedLog
-from .layout import NotRegularFileError, fsync_dir, open_regular
+from .safe_files import fsync_dir, open_regular
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together
@@ -121,7 +122,7 @@ class Flusher:
     def _fsync_file(self, path: str) -> int:
         try:
             fd = open_regular(path)  # a FIFO or a link put at a record's name: never a hang
-        except (FileNotFoundError, NotRegularFileError):
+        except (FileNotFoundError, NotARegularFileError):
             return 0  # evicted, purged or replaced before it was flushed: not ours any more
         except OSError as error:
             self._failed(path, error)

@@ -9,11 +9,11 @@
                                 process to open the store (under flock)
 
 Totals are lifetime.json plus every per-process file. A file belongs to a live process only
-while that process's token is alive (ledger.token_alive: its lock, never a pid alone), so the
+while that process's token is alive (liveness.token_alive: its lock, never a pid alone), so the
 settings of a run that ended, in this pid namespace or a container's, are never applied.
 
 Every file is reached through a descriptor of `stats` opened without following links, opened
-with layout.open_regular (never a FIFO, a device or a link) and read at most
+with safe_files.open_regular (never a FIFO, a device or a link) and read at most
 STATS_FILE_MAX_BYTES: a hostile file is a miss, never a hang or a read of gigabytes.
 Pure file I/O, no torch or SGLang.
 """
@@ -30,16 +30,11 @@ import time
 import weakref
 from collections.abc import Callable
 
-from .layout import (
-    NotRegularFileError,
-    is_token,
-    open_dir,
-    open_regular,
-    process_identity,
-    read_small_file,
-)
+from ..errors import NotARegularFileError
+from .layout import STATS_DIR, is_token
+from .liveness import IDENTITY_FIELD, process_identity
+from .safe_files import create_temp, open_dir, open_regular, read_small_file
 
-STATS_DIR = "stats"
 LIFETIME_FILE = "lifetime.json"
 LOCK_FILE = LIFETIME_FILE + ".lock"
 FLUSH_INTERVAL_S = 2.0
@@ -57,7 +52,7 @@ def _load(dir_fd: int, name: str) -> dict | None:
     a JSON object (it can be rewritten from scratch); None when it could not be read now."""
     try:
         data = json.loads(read_small_file(name, STATS_FILE_MAX_BYTES, dir_fd=dir_fd))
-    except (FileNotFoundError, NotRegularFileError, ValueError):
+    except (FileNotFoundError, NotARegularFileError, ValueError):
         return {}
     except OSError as error:
         return {} if error.errno == errno.EFBIG else None
@@ -77,9 +72,8 @@ def _counters(document: dict | None) -> dict:
 
 def _write(dir_fd: int, name: str, document: dict) -> None:
     """Replaces `name` atomically (a temp file of this process renamed over it)."""
-    temp = f".{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    fd, temp = create_temp(f".{name}.", TEMP_SUFFIX, dir_fd=dir_fd)
     try:
-        fd = open_regular(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         with os.fdopen(fd, "w") as handle:
             json.dump(document, handle)
         os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -115,21 +109,9 @@ def _stats_dir(root_or_dir: str, *, is_dir: bool = False):
         os.close(dir_fd)
 
 
-def recorded_identity(stats_dir: str, token: str) -> dict | None:
-    """The identity the process holding `token` recorded when it opened the store, if any."""
-    if not is_token(token):
-        return None
-    try:
-        with _stats_dir(stats_dir, is_dir=True) as dir_fd:
-            identity = (_load(dir_fd, token + ".json") or {}).get("process")
-    except OSError:
-        return None
-    return identity if isinstance(identity, dict) else None
-
-
 def live_settings(root: str, is_alive: Callable[[str], bool]) -> list[dict]:
     """The settings (budget, floor, codecs) of every store process that is alive now
-    (`is_alive(token)`, see ledger.token_alive): the servers using the store."""
+    (`is_alive(token)`, see liveness.token_alive): the servers using the store."""
     found = []
     with contextlib.suppress(OSError), _stats_dir(root) as dir_fd:
         for name in _process_files(_listing(dir_fd)):
@@ -157,7 +139,7 @@ def _fold(dir_fd: int, should_fold: Callable[[str], bool]) -> None:
     under the lifetime lock (and removes temp files writers left behind)."""
     try:
         fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
-    except NotRegularFileError:  # something else put at its name: it is ours to replace
+    except NotARegularFileError:  # something else put at its name: it is ours to replace
         os.unlink(LOCK_FILE, dir_fd=dir_fd)
         fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
     try:
@@ -247,7 +229,7 @@ class CounterFile:
     def _write_now(self, counters: dict) -> bool:
         document = {"counters": counters, "updated_s": time.time(), "settings": self._settings}
         if self._identity is not None:
-            document["process"] = self._identity
+            document[IDENTITY_FIELD] = self._identity
         with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
             _write(dir_fd, self._name, document)
             return True

@@ -46,7 +46,8 @@ from dataclasses import dataclass, field
 
 from ..errors import ConfigError
 from ..record.namespace import Namespace
-from .layout import OPEN_FLAGS, accounted_bytes, is_record_name, open_regular, record_filename
+from .layout import accounted_bytes, is_record_name, record_filename
+from .safe_files import OPEN_FLAGS, open_regular
 
 PINS_DIR = "pins"
 LOCK_FILE = "lock"

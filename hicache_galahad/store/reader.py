@@ -21,15 +21,9 @@ from ..record import format as fmt
 from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
-from .layout import (
-    RECORD_OPEN_FLAGS,
-    RECORD_SUFFIX,
-    FileEntry,
-    StoreLayout,
-    is_regular,
-    record_filename,
-)
+from .layout import RECORD_SUFFIX, FileEntry, StoreLayout, record_filename
 from .payload import IOV_MAX, READ_CHUNK_BYTES, ScratchBuffers, read_plain_into, read_sealed_into
+from .safe_files import RECORD_OPEN_FLAGS, is_regular
 
 # What opening or reading something that is not a regular file fails with (O_NOFOLLOW on a
 # symlink, a socket, a directory, a FIFO read with an offset).

@@ -41,8 +41,7 @@ from .budget import Budget
 from .checker import Checker, CheckReport
 from .flusher import Flusher
 from .kvstore import StoreStats
-from .layout import StoreLayout, record_filename
-from .ledger import QUARANTINE_DIRNAME
+from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
 from .pins import PinResult, Pins
