@@ -19,6 +19,21 @@ import os
 import stat
 import threading
 import time
+from typing import NamedTuple
+
+
+class _Held(NamedTuple):
+    """A descriptor held, and when it is next checked against its name (monotonic)."""
+
+    fd: int
+    recheck_s: float
+
+
+class _Retired(NamedTuple):
+    """A descriptor let go, and when (monotonic): closed RETIRED_FD_GRACE_S later."""
+
+    fd: int
+    since_s: float
 
 
 class HeldDirectories:
@@ -37,9 +52,9 @@ class HeldDirectories:
         self.ns_root = os.path.join(self.root, "ns")
         self._dirs: dict[str, str] = {}
         self._root_fd: int | None = None  # the root as resolved once, at first use
-        self._ns_fd: tuple[int, float] | None = None  # (descriptor, when to check it again)
-        self._dir_fds: dict[str, tuple[int, float]] = {}
-        self._retired_fds: list[tuple[int, float]] = []
+        self._ns_fd: _Held | None = None
+        self._dir_fds: dict[str, _Held] = {}
+        self._retired_fds: list[_Retired] = []
         self._fd_lock = threading.Lock()
 
     def namespace_dir(self, dirname: str) -> str:
@@ -55,8 +70,8 @@ class HeldDirectories:
         the module's docstring). Never close it. Raises FileNotFoundError when there is no such
         directory and NotADirectoryError when the name is a link or not a directory."""
         held = self._dir_fds.get(dirname)
-        if held is not None and not recheck and time.monotonic() < held[1]:
-            return held[0]
+        if held is not None and not recheck and time.monotonic() < held.recheck_s:
+            return held.fd
         with self._fd_lock:
             return self._namespace_fd_locked(dirname, recheck)
 
@@ -69,50 +84,50 @@ class HeldDirectories:
     def ns_fd(self) -> int:
         """The held descriptor of `<root>/ns` (see namespace_fd)."""
         held = self._ns_fd
-        if held is not None and time.monotonic() < held[1]:
-            return held[0]
+        if held is not None and time.monotonic() < held.recheck_s:
+            return held.fd
         with self._fd_lock:
             return self._ns_fd_locked()
 
     def _ns_fd_locked(self) -> int:
         now_s = time.monotonic()
         held = self._ns_fd
-        if held is not None and now_s < held[1]:
-            return held[0]
+        if held is not None and now_s < held.recheck_s:
+            return held.fd
         self._close_retired(now_s)
         if self._root_fd is None:
             self._root_fd = os.open(self.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
         if held is not None:
-            if _names_same_directory(held[0], "ns", self._root_fd):
-                self._ns_fd = (held[0], now_s + self.DIR_RECHECK_S)
-                return held[0]
+            if _names_same_directory(held.fd, "ns", self._root_fd):
+                self._ns_fd = _Held(held.fd, now_s + self.DIR_RECHECK_S)
+                return held.fd
             self._ns_fd = None
-            self._retire(held[0], now_s)
+            self._retire(held.fd, now_s)
             for name in list(self._dir_fds):  # they hang under the old `ns`
-                self._retire(self._dir_fds.pop(name)[0], now_s)
+                self._retire(self._dir_fds.pop(name).fd, now_s)
         fd = self._open_dir("ns", self._root_fd, self.ns_root)
-        self._ns_fd = (fd, now_s + self.DIR_RECHECK_S)
+        self._ns_fd = _Held(fd, now_s + self.DIR_RECHECK_S)
         return fd
 
     def _namespace_fd_locked(self, dirname: str, recheck: bool) -> int:
         ns_fd = self._ns_fd_locked()
         now_s = time.monotonic()
         held = self._dir_fds.get(dirname)
-        if held is not None and not recheck and now_s < held[1]:
-            return held[0]
+        if held is not None and not recheck and now_s < held.recheck_s:
+            return held.fd
         if held is not None:
-            if _names_same_directory(held[0], dirname, ns_fd):
-                self._dir_fds[dirname] = (held[0], now_s + self.DIR_RECHECK_S)
-                return held[0]
+            if _names_same_directory(held.fd, dirname, ns_fd):
+                self._dir_fds[dirname] = _Held(held.fd, now_s + self.DIR_RECHECK_S)
+                return held.fd
             del self._dir_fds[dirname]  # removed, renamed or replaced since it was opened
-            self._retire(held[0], now_s)
+            self._retire(held.fd, now_s)
         if not is_plain_name(dirname):
             raise FileNotFoundError(errno.ENOENT, "not a namespace directory name", dirname)
         fd = self._open_dir(dirname, ns_fd, self.namespace_dir(dirname))
         if len(self._dir_fds) >= self.NAMESPACE_FDS_MAX:
-            oldest = min(self._dir_fds, key=lambda name: self._dir_fds[name][1])
-            self._retire(self._dir_fds.pop(oldest)[0], now_s)
-        self._dir_fds[dirname] = (fd, now_s + self.DIR_RECHECK_S)
+            oldest = min(self._dir_fds, key=lambda name: self._dir_fds[name].recheck_s)
+            self._retire(self._dir_fds.pop(oldest).fd, now_s)
+        self._dir_fds[dirname] = _Held(fd, now_s + self.DIR_RECHECK_S)
         return fd
 
     def _open_dir(self, name: str, dir_fd: int, path: str) -> int:
@@ -126,19 +141,20 @@ class HeldDirectories:
             raise
 
     def _retire(self, fd: int, now_s: float) -> None:
-        self._retired_fds.append((fd, now_s))
+        self._retired_fds.append(_Retired(fd, now_s))
 
     def _close_retired(self, now_s: float) -> None:
-        while self._retired_fds and now_s - self._retired_fds[0][1] > self.RETIRED_FD_GRACE_S:
+        while self._retired_fds and now_s - self._retired_fds[0].since_s > self.RETIRED_FD_GRACE_S:
             with contextlib.suppress(OSError):
-                os.close(self._retired_fds.pop(0)[0])
+                os.close(self._retired_fds.pop(0).fd)
 
     def close(self) -> None:
         """Closes every held descriptor (the store is closed: nothing uses them any more)."""
         with self._fd_lock:
-            fds = [fd for fd, _ in self._retired_fds] + [fd for fd, _ in self._dir_fds.values()]
+            fds = [retired.fd for retired in self._retired_fds]
+            fds += [held.fd for held in self._dir_fds.values()]
             if self._ns_fd is not None:
-                fds.append(self._ns_fd[0])
+                fds.append(self._ns_fd.fd)
             if self._root_fd is not None:
                 fds.append(self._root_fd)
             self._retired_fds, self._dir_fds, self._ns_fd, self._root_fd = [], {}, None, None
