@@ -10,9 +10,12 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
+from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store import RecordStore
 from hicache_galahad.store.lifetime import FLUSH_INTERVAL_S, lifetime_totals
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -46,3 +49,18 @@ def test_an_idle_servers_counts_reach_the_disk_before_a_sigkill(tmp_path):
         child.wait(timeout=30)
     counters = lifetime_totals(str(root))
     assert counters.get("puts") == PUTS
+
+
+def test_closing_the_store_stops_its_counter_thread_and_writes_the_last_counts(tmp_path):
+    def counter_threads() -> int:
+        return sum(thread.name == "galahad-counters" for thread in threading.enumerate())
+
+    before = counter_threads()
+    root = str(tmp_path / "root")
+    store = RecordStore(root, durability="none")
+    namespace = store.register_namespace(Namespace("alice", "model", "kv", {"page_bytes": 8}))
+    assert counter_threads() == before + 1
+    assert store.put(namespace, "k", b"12345678")
+    store.close()  # at once: before the thread's first write
+    assert counter_threads() == before
+    assert lifetime_totals(root).get("puts") == 1
