@@ -4,6 +4,7 @@
       ConfigError          a setting is wrong: raised at start, naming the key and the value
         KeyFileError       the encryption key file is missing, malformed or too open
         FingerprintError   the model's weights cannot be identified
+        MooncakeConfigError  a bad `mooncake` option (its key, value and what is expected)
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
         NotARegularFileError   V0, and an OSError too: anything but a regular file (a FIFO,
                                a device, a directory, a link) where the store expects a
@@ -13,6 +14,8 @@
                            were linked: `kept` bytes are on disk but not yet counted
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
                            size): a miss or False, counted as a refusal, never as a bug
+      PinsDirError         a directory under `<root>/pins/` is a link or not a directory: the
+                           pin operation is refused (also a NotADirectoryError)
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """
@@ -34,6 +37,10 @@ class KeyFileError(ConfigError):
 
 class FingerprintError(ConfigError):
     """The weights the cache belongs to cannot be established."""
+
+
+class MooncakeConfigError(ConfigError):
+    """A bad `mooncake` option: the message names the key, the value and what is expected."""
 
 
 class FormatError(GalahadError):
@@ -63,3 +70,8 @@ class RefusedRequest(GalahadError, ValueError):
     """An argument the backend refuses on purpose (a flat page that is not exactly one page
     of its pool): the call is a miss or False, counted in `adapter_errors` but never in
     `unexpected_errors`, which counts bugs only."""
+
+
+class PinsDirError(GalahadError, NotADirectoryError):
+    """A directory under `<root>/pins/` is a symbolic link or not a directory: never
+    followed, the operation is refused (store/pins/tree.py)."""

@@ -96,9 +96,11 @@ class RecordStore:
             durable=options.durable,
             read_only=self.read_only,
             counters=self.counters,
+            live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
         )
         self.index.pinned_bytes = self.pins.total_bytes
-        self.quarantine_box.on_moved = self._drop_pin
+        # A read that quarantines a pinned record never waits for the pins lock.
+        self.quarantine_box.on_moved = lambda d, f: self._drop_pin(d, f, wait=False)
         self.budget = Budget(
             self.accounting.ledger,
             self.index,
@@ -474,12 +476,14 @@ class RecordStore:
         """The counters of every process that used this root, summed (lifetime.py)."""
         return lifetime_totals(self.root)
 
-    def delete_file(self, dirname: str, filename: str) -> int | None:
+    def delete_file(self, dirname: str, filename: str, *, drop_pin: bool = True) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
         index stay right); the bytes freed, or None if it was not there (its pin, if any,
-        is dropped: purge removes pins with the records)."""
+        is dropped: purge removes pins with the records; without `drop_pin`, the caller
+        drops them in batches with drop_pins)."""
         freed = self.accounting.unlink_record(dirname, filename)
-        self._drop_pin(dirname, filename)
+        if drop_pin:
+            self._drop_pin(dirname, filename)
         return freed
 
     def evict_to(self, max_bytes: int) -> tuple[int, int]:
@@ -508,11 +512,17 @@ class RecordStore:
         written, without the pins' lock (one stat; for metrics)."""
         return self.pins.cached_by_tenant() if cached else self.pins.by_tenant()
 
-    def _drop_pin(self, dirname: str, filename: str | None) -> None:
+    def _drop_pin(self, dirname: str, filename: str | None, *, wait: bool = True) -> None:
         """A record left its namespace (deleted, purged, quarantined): its pin goes too,
-        so no bytes stay held and counted for it (filename None: every record of dirname)."""
+        so no bytes stay held and counted for it (filename None: every record of dirname).
+        Without `wait`, deferred when the pins lock is busy (pins.stale.DeferredDrops)."""
+        self.drop_pins(dirname, None if filename is None else [filename], wait=wait)
+
+    def drop_pins(self, dirname: str, filenames: list[str] | None, *, wait: bool = True) -> None:
+        """Drops the pins of records of `filenames` (None: any) that left namespace
+        `dirname`, in one locked change per batch (after delete_file(..., drop_pin=False))."""
         try:
-            self.pins.drop_stale(dirname, None if filename is None else [filename])
+            self.pins.drop_stale(dirname, filenames, wait=wait)
         except OSError as error:  # the pin stays until unpinned (or dropped next time)
             self.counters.add("io_errors")
             self._warn.warning("pin-drop", "galahad: a pin of %s stays: %s", dirname, error)
@@ -545,6 +555,7 @@ class RecordStore:
         self._pool.shutdown(wait=True)
         if self.flusher is not None:
             self.flusher.close()
+        self.pins.close()
         with contextlib.suppress(OSError):
             self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()
