@@ -21,6 +21,7 @@ from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.layout import StoreLayout
 from hicache_galahad.store.ledger import Ledger
+from hicache_galahad.store.ledger_file import ABANDONED_TEMP_AGE_S
 from hicache_galahad.store.liveness import ABANDONED_LOCK_AGE_S, ProcessLock
 
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
@@ -120,3 +121,19 @@ def test_a_hard_link_at_namespace_json_temp_name_is_never_written_through(tmp_pa
         store.register_namespace(ALICE)
         assert store.put(ALICE, "k", b"x" * 4096)
         assert store.get(ALICE, "k", 4096) == b"x" * 4096
+
+
+def test_a_ledger_temp_abandoned_by_a_dead_process_is_removed_at_a_rebuild(tmp_path):
+    """A process killed between creating the ledger's temp and renaming it over what was at
+    `ledger` leaves `ledger.<token>.<random>.new`: removed by a rebuild once a minute old,
+    never before (another process may be renaming its own right now)."""
+    root = tmp_path / "root"
+    with RecordStore(str(root), durability="none") as store:
+        old = root / f"ledger.0badc0de5eed5eed.{'ab' * 8}.new"
+        fresh = root / f"ledger.0badc0de5eed5eee.{'cd' * 8}.new"
+        old.write_bytes(b"")
+        fresh.write_bytes(b"")
+        past_s = time.time() - ABANDONED_TEMP_AGE_S - 5
+        os.utime(old, (past_s, past_s))
+        store.rebuild_ledger()
+        assert not old.exists() and fresh.exists()

@@ -231,4 +231,5 @@ class Ledger(LedgerFile):
 
         process.ensure()
         process.remove_abandoned()
+        self.remove_abandoned_temps()
         return self._locked(update)

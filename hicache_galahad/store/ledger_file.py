@@ -11,6 +11,7 @@ import fcntl
 import os
 import stat
 import threading
+import time
 from collections.abc import Callable
 
 from ..errors import NotARegularFileError
@@ -18,6 +19,9 @@ from .layout import QUARANTINE_DIR
 from .ledger_state import READ_BYTES, LedgerState
 from .liveness import ProcessLock
 from .safe_files import create_temp, open_dir, open_regular
+
+TEMP_SUFFIX = ".new"  # ledger.<token>.<random>.new: an empty ledger being put in place
+ABANDONED_TEMP_AGE_S = 60.0  # renamed within microseconds: older, its maker died
 
 
 class LedgerFile:
@@ -91,7 +95,7 @@ class LedgerFile:
         directory, name = os.path.split(self._path)
         dir_fd = open_dir(directory)
         try:
-            fd, temp = create_temp(f"{name}.{self._process.token}.", ".new", dir_fd=dir_fd)
+            fd, temp = create_temp(f"{name}.{self._process.token}.", TEMP_SUFFIX, dir_fd=dir_fd)
             os.close(fd)
             try:
                 os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -101,6 +105,20 @@ class LedgerFile:
                 raise
         finally:
             os.close(dir_fd)
+
+    def remove_abandoned_temps(self) -> None:
+        """Removes the temps of ledgers that a process died putting in place (a minute old):
+        a few names in the root, listed at a rebuild only."""
+        directory, name = os.path.split(self._path)
+        now_s = time.time()
+        with contextlib.suppress(OSError), os.scandir(directory) as listing:
+            for entry in listing:
+                if not (entry.name.startswith(name + ".") and entry.name.endswith(TEMP_SUFFIX)):
+                    continue
+                with contextlib.suppress(OSError):
+                    info = entry.stat(follow_symlinks=False)
+                    if now_s - info.st_mtime >= ABANDONED_TEMP_AGE_S:
+                        os.unlink(entry.path)
 
     def _reopen_if_replaced(self) -> None:
         """A ledger deleted or replaced under us: switch to the file at the path."""
