@@ -1,0 +1,489 @@
+"""What a full store keeps that SGLang can restore (issue 30), side by side in one run.
+
+Every real store is built as a server builds it (`StorageBackendFactory`: GalahadStorage
+through `dynamic` with `interface_v1`, SGLang's HiCacheFile through `file` with its LRU
+`max_size`) over real SGLang host pools of small pages, and driven with the cache controller's
+calls (bench/cache_clients.py). Four parts:
+
+1. Leading runs (the issue's workload): D documents of P pages, written in batches of 8 pages
+   as a prefill writes them; every third document is asked again 5 documents later
+   (`batch_exists`, then a read of its run); the byte budget holds a quarter of the pages
+   written. At the end, the leading run `batch_exists` reports for every document: pages in
+   leading runs / pages the budget holds (100 x 64 and 60 x 32, one rank). With 4 and 8 TP
+   ranks (one process each, its own backend of its tp_rank, one root and one budget, the same
+   script in lockstep, the hit query MIN-reduced as SGLang does): restorable pages (each
+   document's run, min over ranks) / one rank's share of the budget.
+2. Traces (bench/cache_traces.py), replayed request by request: restorable tokens per request
+   and the share of prompt tokens served from the store, for this store, HiCacheFile's LRU (the
+   same budget in pages), an exact page-level LRU and Belady's optimum (bench/cache_sim.py), and
+   a store that never evicts (what the trace allows at all). Tuning seeds and held-out seeds
+   are reported apart: tune with `--split tuning` only.
+3. Costs: 1 and 8 writer processes (TP ranks, 32 KiB pages) putting new pages into a full
+   budget, against the same writers with room: aggregate pages/s, best of alternating rounds.
+
+Budgets are in pages: each store gets that many of its own records' bytes (a GalahadStorage
+record is the page plus its header and key echo; a HiCacheFile file is the page).
+
+Usage: .venv/bin/python bench/bench_cache.py [--quick] [--split tuning|held-out|both]
+           [--parts runs,tp,traces,costs] [--prefix-keys] [--json FILE] [--work DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from pathlib import Path
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+logging.disable(logging.WARNING)
+
+import torch  # noqa: E402
+
+from bench.bench_store import machine  # noqa: E402
+from bench.cache_clients import (  # noqa: E402
+    COST_PAGES,
+    SMALL_PAGES,
+    Client,
+    Lockstep,
+    galahad_record_bytes,
+    make_host_pool,
+    open_galahad,
+    open_hicache_file,
+    page_bytes_of,
+    run_ranks,
+)
+from bench.cache_sim import (  # noqa: E402
+    Belady,
+    ExactLru,
+    Request,
+    Unbounded,
+    leading_run,
+    replay,
+    request_of,
+)
+from bench.cache_traces import HELD_OUT_SEEDS, TRACES, TUNING_SEEDS  # noqa: E402
+
+ASK_LAG_DOCS = 5
+GALAHAD = "this store"
+HICACHE_FILE = "HiCacheFile LRU"
+SIM_LRU = "exact LRU (sim)"
+BELADY = "Belady (sim)"
+UNBOUNDED = "unbounded (sim)"
+PARTS = ("runs", "tp", "traces", "costs")
+
+
+# ----------------------------------------------------------------------------- the issue's workload
+
+
+def document_keys(document: int, pages: int, page_tokens: int) -> list[str]:
+    """SGLang's chained page keys of a document of `pages` full pages (seeded tokens)."""
+    rng = random.Random(f"document/{document}")
+    tokens = [rng.randrange(1, 50_000) for _ in range(pages * page_tokens)]
+    return list(request_of(tokens + [0], page_tokens).keys)
+
+
+def issue_script(documents: int) -> list[tuple[str, int]]:
+    """("write", d) for every document in order; ("ask", d) for every third one, 5 documents
+    after it was written."""
+    steps = []
+    for document in range(documents):
+        steps.append(("write", document))
+        asked = document - ASK_LAG_DOCS
+        if asked >= 0 and asked % 3 == 0:
+            steps.append(("ask", asked))
+    return steps
+
+
+def open_store(store: str, root, host, budget_pages: int, record_bytes: int, rank, ranks):
+    if store == GALAHAD:
+        return open_galahad(
+            root, host, max_bytes=budget_pages * record_bytes, tp_rank=rank, tp_size=ranks
+        )
+    share_bytes = budget_pages * page_bytes_of(host) // ranks  # each rank evicts its own files
+    return open_hicache_file(root, host, max_size_bytes=share_bytes, tp_rank=rank, tp_size=ranks)
+
+
+def close(backend) -> None:
+    if hasattr(backend, "close"):
+        backend.close()
+
+
+def leading_runs_real(store, root, documents, pages, ranks, record_bytes, prefix_keys) -> dict:
+    budget_pages = documents * pages // 4
+
+    def job(rank: int, lockstep: Lockstep) -> list[int]:
+        host = make_host_pool()
+        backend = open_store(store, root, host, budget_pages, record_bytes, rank, ranks)
+        client = Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=prefix_keys)
+        keys = [document_keys(d, pages, host.page_size) for d in range(documents)]
+        try:
+            for action, document in issue_script(documents):
+                lockstep.wait()
+                if action == "write":
+                    client.write(keys[document])
+                else:
+                    run = lockstep.min(rank, client.leading_run(keys[document]))
+                    client.read(keys[document][:run])
+            lockstep.wait()
+            return [client.leading_run(chain) for chain in keys]
+        finally:
+            close(backend)
+
+    runs_by_rank = run_ranks(ranks, job)
+    return leading_runs_figures(runs_by_rank, budget_pages, pages)
+
+
+def leading_runs_sim(documents: int, pages: int, page_tokens: int) -> dict:
+    """The same script on an exact page-level LRU of the same budget in pages."""
+    budget_pages = documents * pages // 4
+    lru = ExactLru(budget_pages)
+    keys = [tuple(document_keys(d, pages, page_tokens)) for d in range(documents)]
+    for index, (action, document) in enumerate(issue_script(documents)):
+        asked = Request(keys[document], pages if action == "ask" else 0, pages * page_tokens)
+        lru.write(index, asked, lru.restore(index, asked))
+    return leading_runs_figures([[leading_run(lru, k) for k in keys]], budget_pages, pages)
+
+
+def leading_runs_figures(runs_by_rank: Sequence[Sequence[int]], budget_pages, pages) -> dict:
+    ranks = len(runs_by_rank)
+    restorable = [min(runs) for runs in zip(*runs_by_rank, strict=True)]
+    share_pages = budget_pages / ranks
+    return {
+        "ranks": ranks,
+        "budget_pages": budget_pages,
+        "share_pages": share_pages,
+        "restorable_pages": sum(restorable),
+        "ratio": sum(restorable) / share_pages,
+        "whole_documents": sum(run == pages for run in restorable),
+        "partial_documents": sum(0 < run < pages for run in restorable),
+        "own_run_ratios": [sum(runs) / share_pages for runs in runs_by_rank],
+    }
+
+
+# ----------------------------------------------------------------------------- traces
+
+
+def replay_real(store, root, requests, budget_pages, record_bytes, prefix_keys) -> list[int]:
+    def job(rank: int, lockstep: Lockstep) -> list[int]:
+        host = make_host_pool()
+        backend = open_store(store, root, host, budget_pages, record_bytes, 0, 1)
+        client = Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=prefix_keys)
+        restored_pages = []
+        try:
+            for request in requests:
+                asked = request.keys[: request.query_pages]
+                restored = client.read(asked[: client.leading_run(asked)])
+                client.write(request.keys, restored)
+                restored_pages.append(restored)
+        finally:
+            close(backend)
+        return restored_pages
+
+    return run_ranks(1, job)[0]
+
+
+def trace_figures(name, seed, budget_pages, page_tokens, work, record_bytes, prefix_keys):
+    trace = TRACES[name](seed, budget_pages, page_tokens)
+    requests = [request_of(prompt, page_tokens) for prompt in trace.prompts]
+    restored = {
+        GALAHAD: replay_real(
+            GALAHAD, work / "galahad", requests, budget_pages, record_bytes, prefix_keys
+        ),
+        HICACHE_FILE: replay_real(
+            HICACHE_FILE, work / "hicache-file", requests, budget_pages, record_bytes, prefix_keys
+        ),
+        SIM_LRU: replay(ExactLru(budget_pages), requests),
+        BELADY: replay(Belady(budget_pages, requests), requests),
+        UNBOUNDED: replay(Unbounded(), requests),
+    }
+    for directory in ("galahad", "hicache-file"):
+        shutil.rmtree(work / directory, ignore_errors=True)
+    prompt_tokens = sum(request.prompt_tokens for request in requests)
+    return {
+        "trace": name,
+        "seed": seed,
+        "requests": len(requests),
+        "prompt_tokens": prompt_tokens,
+        "pages_asked": sum(request.query_pages for request in requests),
+        "served_share": {
+            policy: sum(pages) * page_tokens / prompt_tokens for policy, pages in restored.items()
+        },
+        "tokens_per_request": {
+            policy: sum(pages) * page_tokens / len(requests) for policy, pages in restored.items()
+        },
+        "restored_pages_per_request": restored,
+    }
+
+
+# ----------------------------------------------------------------------------- costs
+
+
+def cost_run(root, writers, fill_pages, measured_pages, max_bytes) -> dict:
+    def job(rank: int, lockstep: Lockstep) -> tuple[float, float, int]:
+        host = make_host_pool(COST_PAGES)
+        backend = open_galahad(root, host, max_bytes=max_bytes, tp_rank=rank, tp_size=writers)
+        client = Client(backend, host, zero_copy=True)
+        try:
+            client.write(cost_keys(rank, "fill", fill_pages))
+            lockstep.wait()
+            start_s = time.perf_counter()
+            written = client.write(cost_keys(rank, "measured", measured_pages))
+            end_s = time.perf_counter()
+            lockstep.wait()
+        finally:
+            close(backend)
+        return start_s, end_s, written
+
+    results = run_ranks(writers, job)
+    elapsed_s = max(end for _, end, _ in results) - min(start for start, _, _ in results)
+    written = sum(pages for _, _, pages in results)
+    return {"pages": written, "elapsed_s": elapsed_s, "pages_per_s": written / elapsed_s}
+
+
+def cost_keys(rank: int, phase: str, count: int) -> list[str]:
+    return [
+        hashlib.sha256(f"{rank}/{phase}/{index}".encode()).hexdigest() for index in range(count)
+    ]
+
+
+def costs(work: Path, writers_list, measured_pages, rounds) -> dict:
+    host = make_host_pool(COST_PAGES)
+    record_bytes = page_bytes_of(host) + (1 << 10)  # header and key: well under 1 KiB
+    figures = {}
+    for writers in writers_list:
+        budget_pages = max(64, writers * measured_pages // 2)
+        fill_pages = budget_pages // writers + measured_pages // 4
+        total_pages = writers * (fill_pages + measured_pages)
+        budgets = {"room": 4 * total_pages * record_bytes, "full": budget_pages * record_bytes}
+        best = {"room": None, "full": None}
+        for _round in range(rounds):
+            for condition, max_bytes in budgets.items():
+                root = work / f"costs-{writers}-{condition}"
+                shutil.rmtree(root, ignore_errors=True)
+                result = cost_run(root, writers, fill_pages, measured_pages, max_bytes)
+                shutil.rmtree(root, ignore_errors=True)
+                if (
+                    best[condition] is None
+                    or result["pages_per_s"] > best[condition]["pages_per_s"]
+                ):
+                    best[condition] = result
+        figures[writers] = {
+            **best,
+            "budget_pages": budget_pages,
+            "ratio": best["full"]["pages_per_s"] / best["room"]["pages_per_s"],
+        }
+    return figures
+
+
+# ----------------------------------------------------------------------------- output
+
+
+def leading_runs_table(results: dict) -> list[str]:
+    lines = [
+        "| workload | ranks | " + " | ".join(results["stores"]) + " |",
+        "|---|---:|" + "---:|" * len(results["stores"]),
+    ]
+    for row in results["rows"]:
+        cells = []
+        for store in results["stores"]:
+            figure = row["figures"].get(store)
+            if figure is None:
+                cells.append("")
+                continue
+            text = f"{figure['ratio']:.2f} ({figure['whole_documents']} whole, "
+            text += f"{figure['partial_documents']} partial)"
+            if figure["ranks"] > 1:
+                own = figure["own_run_ratios"]
+                text += f"; own runs {min(own):.2f}-{max(own):.2f}"
+            cells.append(text)
+        lines.append(f"| {row['workload']} | {row['ranks']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def traces_tables(rows: list[dict], splits: dict) -> list[str]:
+    policies = [GALAHAD, HICACHE_FILE, SIM_LRU, BELADY, UNBOUNDED]
+    lines = [
+        "Share of prompt tokens served from the store (restorable tokens per request), mean "
+        "over the split's seeds:",
+        "",
+        "| trace | split | "
+        + " | ".join(policies)
+        + " | store - LRU (points) | Belady - store (points) |",
+        "|---|---|" + "---:|" * (len(policies) + 2),
+    ]
+    for name in TRACES:
+        for split, seeds in splits.items():
+            chosen = [row for row in rows if row["trace"] == name and row["seed"] in seeds]
+            if not chosen:
+                continue
+            share = {p: mean(row["served_share"][p] for row in chosen) for p in policies}
+            tokens = {p: mean(row["tokens_per_request"][p] for row in chosen) for p in policies}
+            cells = [f"{100 * share[p]:.1f}% ({tokens[p]:.0f})" for p in policies]
+            cells.append(f"{100 * (share[GALAHAD] - share[SIM_LRU]):+.1f}")
+            cells.append(f"{100 * (share[BELADY] - share[GALAHAD]):+.1f}")
+            lines.append(f"| {name} | {split} {sorted(seeds)} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def costs_table(figures: dict) -> list[str]:
+    lines = [
+        "| writers | with room (pages/s) | full budget (pages/s) | full / room |",
+        "|---:|---:|---:|---:|",
+    ]
+    for writers, figure in figures.items():
+        lines.append(
+            f"| {writers} | {figure['room']['pages_per_s']:.0f} | "
+            f"{figure['full']['pages_per_s']:.0f} | {figure['ratio']:.2f}x |"
+        )
+    return lines
+
+
+def mean(values) -> float:
+    values = list(values)
+    return sum(values) / len(values)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def main(argv=None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="small sizes: a smoke run")
+    parser.add_argument("--split", choices=("tuning", "held-out", "both"), default="both")
+    parser.add_argument("--parts", default=",".join(PARTS), help=f"some of {','.join(PARTS)}")
+    parser.add_argument(
+        "--prefix-keys",
+        action="store_true",
+        help="pass prefix keys in extra_info (a server with hicache_storage_pass_prefix_keys)",
+    )
+    parser.add_argument("--json", type=Path, help="write every figure here")
+    parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
+    args = parser.parse_args(argv)
+    parts = [part for part in args.parts.split(",") if part]
+    unknown = set(parts) - set(PARTS)
+    if unknown:
+        parser.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(PARTS)}")
+    torch.set_num_threads(1)
+
+    if args.quick:  # a smoke run: every part and every table, figures too small to judge
+        workloads = [(24, 16)]
+        tp_workloads = [(4, 48, 8)]  # a rank's share: 3 documents
+        trace_budget_pages, writers_list, measured_pages, rounds = 32, (1, 2), 16, 1
+        splits = {"tuning": TUNING_SEEDS[:1], "held-out": HELD_OUT_SEEDS[:1]}
+    else:
+        workloads = [(100, 64), (60, 32)]
+        tp_workloads = [(4, 60, 32), (8, 60, 32)]
+        trace_budget_pages, writers_list, measured_pages, rounds = 256, (1, 8), 256, 2
+        splits = {"tuning": TUNING_SEEDS, "held-out": HELD_OUT_SEEDS}
+    if args.split != "both":
+        splits = {args.split: splits[args.split]}
+
+    work = Path(tempfile.mkdtemp(prefix="bench_cache-", dir=args.work))
+    header = machine()
+    page_tokens = SMALL_PAGES[1]
+    results: dict = {"machine": header, "quick": args.quick, "prefix_keys": args.prefix_keys}
+    print(f"# bench_cache: {header}")
+    print(f"# load average at start: {os.getloadavg()[0]:.2f}; prefix keys: {args.prefix_keys}")
+    try:
+        record_bytes = run_ranks(1, lambda rank, lockstep: probe_record_bytes(work))[0]
+        results["record_bytes"] = record_bytes
+        print(
+            f"# small pages: {page_tokens} tokens, {record_bytes} B per GalahadStorage record, "
+            f"{small_page_bytes()} B per HiCacheFile file"
+        )
+        if "runs" in parts or "tp" in parts:
+            rows = []
+            for documents, pages in workloads if "runs" in parts else []:
+                figures = {
+                    store: leading_runs_real(
+                        store,
+                        work / f"runs-{store}",
+                        documents,
+                        pages,
+                        1,
+                        record_bytes,
+                        args.prefix_keys,
+                    )  # fmt: skip
+                    for store in (GALAHAD, HICACHE_FILE)
+                }
+                figures[SIM_LRU] = leading_runs_sim(documents, pages, page_tokens)
+                rows.append({"workload": f"{documents} x {pages}", "ranks": 1, "figures": figures})
+            for ranks, documents, pages in tp_workloads if "tp" in parts else []:
+                figures = {
+                    store: leading_runs_real(
+                        store,
+                        work / f"tp-{store}",
+                        documents,
+                        pages,
+                        ranks,
+                        record_bytes,
+                        args.prefix_keys,
+                    )  # fmt: skip
+                    for store in (GALAHAD, HICACHE_FILE)
+                }
+                rows.append(
+                    {"workload": f"{documents} x {pages}", "ranks": ranks, "figures": figures}
+                )
+            results["leading_runs"] = {"stores": [GALAHAD, HICACHE_FILE, SIM_LRU], "rows": rows}
+            print("\n## Leading runs: pages in leading runs / pages the budget holds")
+            print("(with ranks: restorable pages, min over ranks / one rank's share)\n")
+            print("\n".join(leading_runs_table(results["leading_runs"])))
+        if "traces" in parts:
+            rows = []
+            for name in TRACES:
+                for seeds in splits.values():
+                    for seed in seeds:
+                        rows.append(
+                            trace_figures(
+                                name,
+                                seed,
+                                trace_budget_pages,
+                                page_tokens,
+                                work,
+                                record_bytes,
+                                args.prefix_keys,
+                            )  # fmt: skip
+                        )
+            results["traces"] = {
+                "budget_pages": trace_budget_pages,
+                "splits": {split: list(seeds) for split, seeds in splits.items()},
+                "rows": rows,
+            }
+            print(f"\n## Traces (budget {trace_budget_pages} pages of {page_tokens} tokens)\n")
+            print("\n".join(traces_tables(rows, splits)))
+        if "costs" in parts:
+            figures = costs(work, writers_list, measured_pages, rounds)
+            results["costs"] = figures
+            print(
+                f"\n## Costs: puts of 32 KiB pages into a full budget / with room "
+                f"({measured_pages} pages per writer, best of {rounds})\n"
+            )
+            print("\n".join(costs_table(figures)))
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    print(f"\n# load average at end: {os.getloadavg()[0]:.2f}")
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1, default=str))
+    return results
+
+
+def probe_record_bytes(work: Path) -> int:
+    return galahad_record_bytes(work, make_host_pool())
+
+
+def small_page_bytes() -> int:
+    layers, page_tokens, heads, head_dim = SMALL_PAGES
+    return 2 * layers * page_tokens * heads * head_dim * 2  # K and V, bf16
+
+
+if __name__ == "__main__":
+    main()
