@@ -394,7 +394,7 @@ def main(argv=None) -> dict:
     print(f"# bench_cache: {header}")
     print(f"# load average at start: {os.getloadavg()[0]:.2f}; prefix keys: {args.prefix_keys}")
     try:
-        record_bytes = run_ranks(1, lambda rank, lockstep: probe_record_bytes(work))[0]
+        record_bytes = record_bytes_of_small_pages(work)
         results["record_bytes"] = record_bytes
         print(
             f"# small pages: {page_tokens} tokens, {record_bytes} B per GalahadStorage record, "
@@ -476,8 +476,10 @@ def main(argv=None) -> dict:
     return results
 
 
-def probe_record_bytes(work: Path) -> int:
-    return galahad_record_bytes(work, make_host_pool())
+def record_bytes_of_small_pages(work: Path) -> int:
+    """A GalahadStorage record's bytes on disk for one small page (measured in a child, so
+    that this process never starts a store's threads before it forks ranks)."""
+    return run_ranks(1, lambda rank, lockstep: galahad_record_bytes(work, make_host_pool()))[0]
 
 
 def small_page_bytes() -> int:
