@@ -55,6 +55,7 @@ from bench.cache_clients import (  # noqa: E402
     Client,
     Lockstep,
     galahad_record_bytes,
+    geometry_page_bytes,
     make_host_pool,
     open_galahad,
     open_hicache_file,
@@ -256,28 +257,32 @@ def cost_keys(rank: int, phase: str, count: int) -> list[str]:
 
 
 def costs(work: Path, writers_list, measured_pages, rounds) -> dict:
-    host = make_host_pool(COST_PAGES)
-    record_bytes = page_bytes_of(host) + (1 << 10)  # header and key: well under 1 KiB
+    """Per writer count: the best round of each condition, every round's pages/s (the
+    conditions alternate), and full / room."""
+    record_bytes = geometry_page_bytes(COST_PAGES) + (1 << 10)  # header and key: under 1 KiB
     figures = {}
     for writers in writers_list:
         budget_pages = max(64, writers * measured_pages // 2)
-        fill_pages = budget_pages // writers + measured_pages // 4
+        fill_pages = budget_pages // writers + measured_pages // 4  # the full root evicts at once
         total_pages = writers * (fill_pages + measured_pages)
         budgets = {"room": 4 * total_pages * record_bytes, "full": budget_pages * record_bytes}
-        best = {"room": None, "full": None}
+        runs = {"room": [], "full": []}
         for _round in range(rounds):
             for condition, max_bytes in budgets.items():
                 root = work / f"costs-{writers}-{condition}"
                 shutil.rmtree(root, ignore_errors=True)
-                result = cost_run(root, writers, fill_pages, measured_pages, max_bytes)
+                runs[condition].append(
+                    cost_run(root, writers, fill_pages, measured_pages, max_bytes)
+                )
                 shutil.rmtree(root, ignore_errors=True)
-                if (
-                    best[condition] is None
-                    or result["pages_per_s"] > best[condition]["pages_per_s"]
-                ):
-                    best[condition] = result
+                progress(f"costs, {writers} writers, {condition}: {runs[condition][-1]}")
+        best = {
+            condition: max(results, key=lambda result: result["pages_per_s"])
+            for condition, results in runs.items()
+        }
         figures[writers] = {
             **best,
+            "rounds_pages_per_s": {c: [r["pages_per_s"] for r in runs[c]] for c in runs},
             "budget_pages": budget_pages,
             "ratio": best["full"]["pages_per_s"] / best["room"]["pages_per_s"],
         }
@@ -285,6 +290,40 @@ def costs(work: Path, writers_list, measured_pages, rounds) -> dict:
 
 
 # ----------------------------------------------------------------------------- output
+
+GOAL_ONE_RANK = 0.95
+GOAL_RANKS = 0.9
+GOAL_POINTS_ABOVE_LRU = {"scan": 10.0, "coding_agent": 10.0}
+GOAL_POINTS_FROM_BELADY = {"zipf_chat": 10.0}
+GOAL_COST_RATIO = 0.5  # a put into a full budget costs at most 2x a put with room
+
+
+def report(results: dict) -> list[str]:
+    """Every table of a run (from its figures: `--from-json` prints a saved run again)."""
+    lines = [f"# bench_cache: {results['machine']}"]
+    lines.append(
+        f"# load average at start {results['load_start']:.2f}, at end {results['load_end']:.2f}"
+        f"; prefix keys: {results['prefix_keys']}; quick: {results['quick']}"
+    )
+    lines.append(
+        f"# small pages: {results['page_tokens']} tokens, {results['record_bytes']} B per "
+        f"GalahadStorage record, {results['page_bytes']} B per HiCacheFile file"
+    )
+    if "leading_runs" in results:
+        lines += ["", "## Leading runs: pages in leading runs / pages the budget holds"]
+        lines += ["(with ranks: restorable pages, min over ranks / one rank's share)", ""]
+        lines += leading_runs_table(results["leading_runs"])
+    if "traces" in results:
+        traces = results["traces"]
+        lines += ["", f"## Traces (budget {traces['budget_pages']} pages)", ""]
+        lines += traces_table(traces["rows"], traces["splits"])
+    if "costs" in results:
+        costs_figures = results["costs"]
+        lines += ["", "## Costs: puts of 32 KiB pages into a full budget / with room", ""]
+        lines += costs_table(costs_figures)
+    lines += ["", "## Goals (issue 30)", ""]
+    lines += goals_table(results)
+    return lines
 
 
 def leading_runs_table(results: dict) -> list[str]:
@@ -309,25 +348,37 @@ def leading_runs_table(results: dict) -> list[str]:
     return lines
 
 
-def traces_tables(rows: list[dict], splits: dict) -> list[str]:
-    policies = [GALAHAD, HICACHE_FILE, SIM_LRU, BELADY, UNBOUNDED]
+POLICIES = (GALAHAD, HICACHE_FILE, SIM_LRU, BELADY, UNBOUNDED)
+
+
+def split_shares(rows: list[dict], name: str, seeds) -> tuple[dict, dict] | None:
+    """(share of prompt tokens served, restorable tokens per request) per policy, mean over
+    the seeds; None when the run has no such trace."""
+    chosen = [row for row in rows if row["trace"] == name and row["seed"] in seeds]
+    if not chosen:
+        return None
+    share = {p: mean(row["served_share"][p] for row in chosen) for p in POLICIES}
+    tokens = {p: mean(row["tokens_per_request"][p] for row in chosen) for p in POLICIES}
+    return share, tokens
+
+
+def traces_table(rows: list[dict], splits: dict) -> list[str]:
     lines = [
         "Share of prompt tokens served from the store (restorable tokens per request), mean "
         "over the split's seeds:",
         "",
         "| trace | split | "
-        + " | ".join(policies)
+        + " | ".join(POLICIES)
         + " | store - LRU (points) | Belady - store (points) |",
-        "|---|---|" + "---:|" * (len(policies) + 2),
+        "|---|---|" + "---:|" * (len(POLICIES) + 2),
     ]
     for name in TRACES:
         for split, seeds in splits.items():
-            chosen = [row for row in rows if row["trace"] == name and row["seed"] in seeds]
-            if not chosen:
+            shares = split_shares(rows, name, seeds)
+            if shares is None:
                 continue
-            share = {p: mean(row["served_share"][p] for row in chosen) for p in policies}
-            tokens = {p: mean(row["tokens_per_request"][p] for row in chosen) for p in policies}
-            cells = [f"{100 * share[p]:.1f}% ({tokens[p]:.0f})" for p in policies]
+            share, tokens = shares
+            cells = [f"{100 * share[p]:.1f}% ({tokens[p]:.0f})" for p in POLICIES]
             cells.append(f"{100 * (share[GALAHAD] - share[SIM_LRU]):+.1f}")
             cells.append(f"{100 * (share[BELADY] - share[GALAHAD]):+.1f}")
             lines.append(f"| {name} | {split} {sorted(seeds)} | " + " | ".join(cells) + " |")
@@ -336,20 +387,82 @@ def traces_tables(rows: list[dict], splits: dict) -> list[str]:
 
 def costs_table(figures: dict) -> list[str]:
     lines = [
-        "| writers | with room (pages/s) | full budget (pages/s) | full / room |",
-        "|---:|---:|---:|---:|",
+        "| writers | pages per writer | with room (pages/s) | full budget (pages/s) "
+        "| full / room |",
+        "|---:|---:|---:|---:|---:|",
     ]
     for writers, figure in figures.items():
         lines.append(
-            f"| {writers} | {figure['room']['pages_per_s']:.0f} | "
-            f"{figure['full']['pages_per_s']:.0f} | {figure['ratio']:.2f}x |"
+            f"| {writers} | {figure['room']['pages'] // int(writers)} | "
+            f"{figure['room']['pages_per_s']:.0f} | {figure['full']['pages_per_s']:.0f} | "
+            f"{figure['ratio']:.2f}x |"
         )
+    return lines
+
+
+def goals_table(results: dict) -> list[str]:
+    """Each goal of issue 30 that this run measures: the figure, and met or not."""
+    goals = []
+
+    def add(goal: str, figure: str, met: bool) -> None:
+        goals.append((goal, figure, met))
+
+    for row in results.get("leading_runs", {}).get("rows", []):
+        figure = row["figures"][GALAHAD]
+        goal = GOAL_ONE_RANK if row["ranks"] == 1 else GOAL_RANKS
+        what = "pages in leading runs / budget" if row["ranks"] == 1 else "restorable / share"
+        add(
+            f"{what}, {row['workload']}, {row['ranks']} rank(s) >= {goal}",
+            f"{figure['ratio']:.2f}",
+            figure["ratio"] >= goal,
+        )
+    traces = results.get("traces")
+    for name in TRACES if traces else ():
+        for split, seeds in traces["splits"].items():
+            shares = split_shares(traces["rows"], name, seeds)
+            if shares is None:
+                continue
+            share = {p: 100 * value for p, value in shares[0].items()}
+            where = f"{name} ({split})"
+            above_lru = share[GALAHAD] - share[SIM_LRU]
+            above_file = share[GALAHAD] - share[HICACHE_FILE]
+            add(f"{where}: >= exact LRU", f"{above_lru:+.1f} points", above_lru >= 0)
+            add(f"{where}: >= HiCacheFile's LRU", f"{above_file:+.1f} points", above_file >= 0)
+            if name in GOAL_POINTS_ABOVE_LRU:
+                points = GOAL_POINTS_ABOVE_LRU[name]
+                add(
+                    f"{where}: >= {points:.0f} points above exact LRU",
+                    f"{above_lru:+.1f} points",
+                    above_lru >= points,
+                )
+            if name in GOAL_POINTS_FROM_BELADY:
+                points = GOAL_POINTS_FROM_BELADY[name]
+                below = share[BELADY] - share[GALAHAD]
+                add(
+                    f"{where}: within {points:.0f} points of Belady",
+                    f"{below:.1f} points below",
+                    below <= points,
+                )
+    for writers, figure in results.get("costs", {}).items():
+        add(
+            f"{writers} writer(s): a put into a full budget costs <= 2x one with room",
+            f"{figure['ratio']:.2f}x the pages/s",
+            figure["ratio"] >= GOAL_COST_RATIO,
+        )
+    lines = ["| goal | figure | met |", "|---|---:|---|"]
+    lines += [
+        f"| {goal} | {figure} | {'met' if met else 'NOT met'} |" for goal, figure, met in goals
+    ]
     return lines
 
 
 def mean(values) -> float:
     values = list(values)
     return sum(values) / len(values)
+
+
+def progress(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
 
 
 # ----------------------------------------------------------------------------- main
@@ -367,13 +480,25 @@ def main(argv=None) -> dict:
     )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
+    parser.add_argument("--from-json", type=Path, help="print the tables of a saved run only")
     args = parser.parse_args(argv)
+    if args.from_json:
+        results = json.loads(args.from_json.read_text())
+        print("\n".join(report(results)))
+        return results
     parts = [part for part in args.parts.split(",") if part]
     unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(PARTS)}")
-    torch.set_num_threads(1)
+    results = measure(args, parts)
+    print("\n".join(report(results)))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=1))
+    return results
 
+
+def measure(args, parts) -> dict:
+    torch.set_num_threads(1)
     if args.quick:  # a smoke run: every part and every table, figures too small to judge
         workloads = [(24, 16)]
         tp_workloads = [(4, 48, 8)]  # a rank's share: 3 documents
@@ -387,56 +512,50 @@ def main(argv=None) -> dict:
     if args.split != "both":
         splits = {args.split: splits[args.split]}
 
-    work = Path(tempfile.mkdtemp(prefix="bench_cache-", dir=args.work))
-    header = machine()
     page_tokens = SMALL_PAGES[1]
-    results: dict = {"machine": header, "quick": args.quick, "prefix_keys": args.prefix_keys}
-    print(f"# bench_cache: {header}")
-    print(f"# load average at start: {os.getloadavg()[0]:.2f}; prefix keys: {args.prefix_keys}")
+    results: dict = {
+        "machine": machine(),
+        "quick": args.quick,
+        "prefix_keys": args.prefix_keys,
+        "load_start": os.getloadavg()[0],
+        "page_tokens": page_tokens,
+        "page_bytes": geometry_page_bytes(SMALL_PAGES),
+    }
+    work = Path(tempfile.mkdtemp(prefix="bench_cache-", dir=args.work))
     try:
-        record_bytes = record_bytes_of_small_pages(work)
-        results["record_bytes"] = record_bytes
-        print(
-            f"# small pages: {page_tokens} tokens, {record_bytes} B per GalahadStorage record, "
-            f"{small_page_bytes()} B per HiCacheFile file"
-        )
-        if "runs" in parts or "tp" in parts:
-            rows = []
-            for documents, pages in workloads if "runs" in parts else []:
-                figures = {
-                    store: leading_runs_real(
-                        store,
-                        work / f"runs-{store}",
-                        documents,
-                        pages,
-                        1,
-                        record_bytes,
-                        args.prefix_keys,
-                    )  # fmt: skip
-                    for store in (GALAHAD, HICACHE_FILE)
-                }
-                figures[SIM_LRU] = leading_runs_sim(documents, pages, page_tokens)
-                rows.append({"workload": f"{documents} x {pages}", "ranks": 1, "figures": figures})
-            for ranks, documents, pages in tp_workloads if "tp" in parts else []:
-                figures = {
-                    store: leading_runs_real(
-                        store,
-                        work / f"tp-{store}",
-                        documents,
-                        pages,
-                        ranks,
-                        record_bytes,
-                        args.prefix_keys,
-                    )  # fmt: skip
-                    for store in (GALAHAD, HICACHE_FILE)
-                }
-                rows.append(
-                    {"workload": f"{documents} x {pages}", "ranks": ranks, "figures": figures}
+        record_bytes = results["record_bytes"] = record_bytes_of_small_pages(work)
+        rows = []
+        for documents, pages in workloads if "runs" in parts else []:
+            figures = {}
+            for store in (GALAHAD, HICACHE_FILE):
+                figures[store] = leading_runs_real(
+                    store,
+                    work / f"runs-{store}",
+                    documents,
+                    pages,
+                    1,
+                    record_bytes,
+                    args.prefix_keys,
                 )
+                progress(f"runs {documents} x {pages}, {store}: {figures[store]['ratio']:.2f}")
+            figures[SIM_LRU] = leading_runs_sim(documents, pages, page_tokens)
+            rows.append({"workload": f"{documents} x {pages}", "ranks": 1, "figures": figures})
+        for ranks, documents, pages in tp_workloads if "tp" in parts else []:
+            figures = {}
+            for store in (GALAHAD, HICACHE_FILE):
+                figures[store] = leading_runs_real(
+                    store,
+                    work / f"tp-{store}",
+                    documents,
+                    pages,
+                    ranks,
+                    record_bytes,
+                    args.prefix_keys,
+                )
+                progress(f"{ranks} ranks, {store}: {figures[store]['ratio']:.2f}")
+            rows.append({"workload": f"{documents} x {pages}", "ranks": ranks, "figures": figures})
+        if rows:
             results["leading_runs"] = {"stores": [GALAHAD, HICACHE_FILE, SIM_LRU], "rows": rows}
-            print("\n## Leading runs: pages in leading runs / pages the budget holds")
-            print("(with ranks: restorable pages, min over ranks / one rank's share)\n")
-            print("\n".join(leading_runs_table(results["leading_runs"])))
         if "traces" in parts:
             rows = []
             for name in TRACES:
@@ -451,28 +570,22 @@ def main(argv=None) -> dict:
                                 work,
                                 record_bytes,
                                 args.prefix_keys,
-                            )  # fmt: skip
+                            )
                         )
+                        progress(f"trace {name} seed {seed}: {rows[-1]['served_share']}")
             results["traces"] = {
                 "budget_pages": trace_budget_pages,
                 "splits": {split: list(seeds) for split, seeds in splits.items()},
                 "rows": rows,
             }
-            print(f"\n## Traces (budget {trace_budget_pages} pages of {page_tokens} tokens)\n")
-            print("\n".join(traces_tables(rows, splits)))
         if "costs" in parts:
-            figures = costs(work, writers_list, measured_pages, rounds)
-            results["costs"] = figures
-            print(
-                f"\n## Costs: puts of 32 KiB pages into a full budget / with room "
-                f"({measured_pages} pages per writer, best of {rounds})\n"
-            )
-            print("\n".join(costs_table(figures)))
+            results["costs"] = {
+                str(writers): figure
+                for writers, figure in costs(work, writers_list, measured_pages, rounds).items()
+            }
     finally:
         shutil.rmtree(work, ignore_errors=True)
-    print(f"\n# load average at end: {os.getloadavg()[0]:.2f}")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1, default=str))
+    results["load_end"] = os.getloadavg()[0]
     return results
 
 
@@ -480,11 +593,6 @@ def record_bytes_of_small_pages(work: Path) -> int:
     """A GalahadStorage record's bytes on disk for one small page (measured in a child, so
     that this process never starts a store's threads before it forks ranks)."""
     return run_ranks(1, lambda rank, lockstep: galahad_record_bytes(work, make_host_pool()))[0]
-
-
-def small_page_bytes() -> int:
-    layers, page_tokens, heads, head_dim = SMALL_PAGES
-    return 2 * layers * page_tokens * heads * head_dim * 2  # K and V, bf16
 
 
 if __name__ == "__main__":

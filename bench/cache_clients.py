@@ -50,6 +50,12 @@ def make_host_pool(geometry=SMALL_PAGES):
     return host_pool(layers, page_tokens, heads, head_dim, STORAGE_BATCH_SIZE)
 
 
+def geometry_page_bytes(geometry) -> int:
+    """Bytes of one bf16 MHA page (K and V) of a (layers, page tokens, heads, head dim)."""
+    layers, page_tokens, heads, head_dim = geometry
+    return 2 * layers * page_tokens * heads * head_dim * 2
+
+
 def page_bytes_of(host) -> int:
     page = host.get_data_page(0, flat=True)
     return page.numel() * page.element_size()

@@ -109,7 +109,7 @@ def test_bench_cache_quick_end_to_end(tmp_path, capsys):
     out = tmp_path / "figures.json"
     bench_cache.main(["--quick", "--json", str(out), "--work", str(tmp_path)])
     printed = capsys.readouterr().out
-    for title in ("## Leading runs", "## Traces", "## Costs", "commit"):
+    for title in ("## Leading runs", "## Traces", "## Costs", "## Goals", "commit"):
         assert title in printed
     figures = json.loads(out.read_text())
     assert figures["record_bytes"] > 512  # the page and the record's header
