@@ -530,7 +530,7 @@ def measure(args, parts) -> dict:
             for store in (GALAHAD, HICACHE_FILE):
                 figures[store] = leading_runs_real(
                     store,
-                    work / f"runs-{store}",
+                    fresh_root(work, f"runs-{documents}x{pages}-{store}"),
                     documents,
                     pages,
                     1,
@@ -545,7 +545,7 @@ def measure(args, parts) -> dict:
             for store in (GALAHAD, HICACHE_FILE):
                 figures[store] = leading_runs_real(
                     store,
-                    work / f"tp-{store}",
+                    fresh_root(work, f"tp{ranks}-{documents}x{pages}-{store}"),
                     documents,
                     pages,
                     ranks,
@@ -587,6 +587,14 @@ def measure(args, parts) -> dict:
         shutil.rmtree(work, ignore_errors=True)
     results["load_end"] = os.getloadavg()[0]
     return results
+
+
+def fresh_root(work: Path, name: str) -> Path:
+    """A root no other run has used: every run starts from an empty store."""
+    root = work / name.replace(" ", "-")
+    if root.exists():
+        raise FileExistsError(root)
+    return root
 
 
 def record_bytes_of_small_pages(work: Path) -> int:
