@@ -191,6 +191,10 @@ class Lockstep:
         if self.ranks > 1:
             self._barrier.wait()
 
+    def abort(self) -> None:
+        """Breaks the barrier: every rank waiting on it (and any that comes) raises."""
+        self._barrier.abort()
+
     def min(self, rank: int, value: int) -> int:
         if self.ranks == 1:
             return value
@@ -214,7 +218,7 @@ def run_ranks(ranks: int, job: Callable[[int, Lockstep], object], timeout_s=1800
             results.put((rank, True, job(rank, lockstep)))
         except BaseException:  # reported to the parent, which fails loudly
             results.put((rank, False, traceback.format_exc()))
-            lockstep._barrier.abort()
+            lockstep.abort()
 
     processes = [FORK.Process(target=child, args=(rank,), daemon=True) for rank in range(ranks)]
     for process in processes:
@@ -232,7 +236,7 @@ def run_ranks(ranks: int, job: Callable[[int, Lockstep], object], timeout_s=1800
                 if dead and results.empty():
                     time.sleep(2.0)  # a result put just before its process exited is in the pipe
                 if (dead and results.empty()) or time.monotonic() > deadline_s:
-                    lockstep._barrier.abort()
+                    lockstep.abort()
                     raise RuntimeError(f"ranks {dead} died, or ran past {timeout_s} s") from None
                 continue
             if not ok:
