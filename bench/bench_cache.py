@@ -181,18 +181,24 @@ def replay_real(store, root, requests, budget_pages, record_bytes, prefix_keys) 
         host = make_host_pool()
         backend = open_store(store, root, host, budget_pages, record_bytes, 0, 1)
         client = Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=prefix_keys)
-        restored_pages = []
         try:
-            for request in requests:
-                asked = request.keys[: request.query_pages]
-                restored = client.read(asked[: client.leading_run(asked)])
-                client.write(request.keys, restored)
-                restored_pages.append(restored)
+            return replay_client(client, requests)
         finally:
             close(backend)
-        return restored_pages
 
     return run_ranks(1, job)[0]
+
+
+def replay_client(client: Client, requests: Sequence[Request]) -> list[int]:
+    """Restored pages per request from a real backend: the hit query, the read of its run,
+    then the backup of every full page not restored."""
+    restored_pages = []
+    for request in requests:
+        asked = request.keys[: request.query_pages]
+        restored = client.read(asked[: client.leading_run(asked)])
+        client.write(request.keys, restored)
+        restored_pages.append(restored)
+    return restored_pages
 
 
 def trace_figures(name, seed, budget_pages, page_tokens, work, record_bytes, prefix_keys):

@@ -74,10 +74,15 @@ def open_galahad(root, host, *, max_bytes: int | None, tp_rank=0, tp_size=1, **o
     return backend
 
 
-def open_hicache_file(directory, host, *, max_size_bytes: int, tp_rank=0, tp_size=1):
-    """SGLang's HiCacheFile (`file`) with its LRU evictor capped at `max_size_bytes` per rank."""
+def open_hicache_file(
+    directory, host, *, max_size_bytes: int, tp_rank=0, tp_size=1, eviction_ratio=None
+):
+    """SGLang's HiCacheFile (`file`) with its LRU evictor capped at `max_size_bytes` per rank
+    (once over the cap it evicts down to `eviction_ratio` of it: 0.9 unless given)."""
     os.environ.pop("SGLANG_HICACHE_FILE_BACKEND_STORAGE_DIR", None)
     extra = {"file_storage_path": str(directory), "max_size": int(max_size_bytes)}
+    if eviction_ratio is not None:
+        extra["eviction_ratio"] = eviction_ratio
     config = sglang_server.storage_config(
         extra, model_name=MODEL_NAME, tp_rank=tp_rank, tp_size=tp_size
     )

@@ -87,6 +87,31 @@ def test_belady_never_below_lru_never_above_unbounded():
         assert lru <= belady <= unbounded, (case, budget, lru, belady, unbounded)
 
 
+def test_exact_lru_is_hicache_files_lru_request_by_request(tmp_path, monkeypatch):
+    """SGLang's HiCacheFile evicting to exactly its cap (eviction_ratio 1.0) is an exact
+    page-level LRU: driven through the benchmark's client (the controller's calls) on a trace,
+    it restores what the simulator restores, request by request. This checks the simulator and
+    the client against SGLang's own code."""
+    monkeypatch.delenv("SGLANG_HICACHE_FILE_BACKEND_MAX_SIZE", raising=False)
+    from bench import bench_cache, cache_clients
+
+    budget_pages = 32
+    trace = TRACES["zipf_chat"](TUNING_SEEDS[0], budget_pages, 16)
+    requests = [request_of(prompt, 16) for prompt in trace.prompts]
+    host = cache_clients.make_host_pool()
+    backend = cache_clients.open_hicache_file(
+        tmp_path / "file",
+        host,
+        max_size_bytes=budget_pages * cache_clients.page_bytes_of(host),
+        eviction_ratio=1.0,
+    )
+    client = cache_clients.Client(backend, host, zero_copy=False)
+    real = bench_cache.replay_client(client, requests)
+    simulated = replay(ExactLru(budget_pages), requests)
+    assert sum(simulated) > 0
+    assert real == simulated
+
+
 def test_request_of_asks_a_strict_prefix():
     assert request_of(list(range(32)), 16).query_pages == 1  # two full pages, one asked
     assert request_of(list(range(33)), 16).query_pages == 2
