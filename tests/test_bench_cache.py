@@ -87,6 +87,52 @@ def test_belady_never_below_lru_never_above_unbounded():
         assert lru <= belady <= unbounded, (case, budget, lru, belady, unbounded)
 
 
+def most_restorable(requests, capacity_pages: int) -> int:
+    """By exhaustive search: the most pages any policy restores from `requests` with
+    `capacity_pages`, deciding at every write whether to keep the page and what to evict."""
+    from functools import lru_cache
+
+    @lru_cache(maxsize=None)
+    def best(index: int, held: frozenset) -> int:
+        if index == len(requests):
+            return 0
+        request = requests[index]
+        run = 0
+        while run < request.query_pages and request.keys[run] in held:
+            run += 1
+        outcomes = {held}
+        for key in request.keys[run:]:
+            grown = set()
+            for state in outcomes:
+                grown.add(state)  # not kept
+                if key in state:
+                    continue
+                if len(state) < capacity_pages:
+                    grown.add(state | {key})
+                else:
+                    grown.update((state - {victim}) | {key} for victim in state)
+            outcomes = grown
+        return run + max(best(index + 1, state) for state in outcomes)
+
+    return best(0, frozenset())
+
+
+def test_belady_is_the_most_any_policy_restores():
+    """Belady against an exhaustive search over every keep-and-evict decision, on small random
+    traces of chained prompts: it restores exactly the most that can be restored."""
+    rng = random.Random(1)
+    for case in range(25):
+        stems = [[rng.randrange(1, 4) for _ in range(rng.randint(2, 8))] for _ in range(3)]
+        prompts = []
+        for _ in range(rng.randint(4, 7)):
+            stem = rng.choice(stems)
+            prompts.append(stem[: rng.randint(1, len(stem))] + [rng.randrange(1, 4)])
+        requests = [request_of(prompt, 2) for prompt in prompts]
+        capacity = rng.randint(1, 3)
+        belady = sum(replay(Belady(capacity, requests), requests))
+        assert belady == most_restorable(requests, capacity), (case, capacity, prompts)
+
+
 def test_exact_lru_is_hicache_files_lru_request_by_request(tmp_path, monkeypatch):
     """SGLang's HiCacheFile evicting to exactly its cap (eviction_ratio 1.0) is an exact
     page-level LRU: driven through the benchmark's client (the controller's calls) on a trace,
