@@ -3,6 +3,7 @@ never below LRU, and the whole benchmark end to end in its --quick mode."""
 
 from __future__ import annotations
 
+import functools
 import json
 import random
 
@@ -90,9 +91,8 @@ def test_belady_never_below_lru_never_above_unbounded():
 def most_restorable(requests, capacity_pages: int) -> int:
     """By exhaustive search: the most pages any policy restores from `requests` with
     `capacity_pages`, deciding at every write whether to keep the page and what to evict."""
-    from functools import lru_cache
 
-    @lru_cache(maxsize=None)
+    @functools.cache
     def best(index: int, held: frozenset) -> int:
         if index == len(requests):
             return 0
