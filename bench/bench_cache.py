@@ -27,7 +27,8 @@ Budgets are in pages: each store gets that many of its own records' bytes (a Gal
 record is the page plus its header and key echo; a HiCacheFile file is the page).
 
 Usage: .venv/bin/python bench/bench_cache.py [--quick] [--split tuning|held-out|both]
-           [--parts runs,tp,traces,costs] [--prefix-keys] [--json FILE] [--work DIR]
+           [--parts runs,tp,traces,costs] [--prefix-keys] [--store-option KEY=JSON]...
+           [--json FILE] [--work DIR]
        .venv/bin/python bench/bench_cache.py --from-json FILE    (the tables of a saved run)
 """
 
@@ -44,6 +45,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -107,13 +109,33 @@ def issue_script(documents: int) -> list[tuple[str, int]]:
     return steps
 
 
-def open_store(store: str, root, host, budget_pages: int, record_bytes: int, rank, ranks):
-    if store == GALAHAD:
-        return open_galahad(
-            root, host, max_bytes=budget_pages * record_bytes, tp_rank=rank, tp_size=ranks
+@dataclass(frozen=True)
+class StoreSetup:
+    """How every real store of a run is opened and called: a GalahadStorage record's bytes
+    (budgets are in pages), whether the client passes prefix keys, and extra options for
+    GalahadStorage (`--store-option`)."""
+
+    record_bytes: int
+    prefix_keys: bool = False
+    galahad_options: tuple[tuple[str, object], ...] = ()
+
+    def open(self, store: str, root, host, budget_pages: int, rank: int = 0, ranks: int = 1):
+        if store == GALAHAD:
+            return open_galahad(
+                root,
+                host,
+                max_bytes=budget_pages * self.record_bytes,
+                tp_rank=rank,
+                tp_size=ranks,
+                **dict(self.galahad_options),
+            )
+        share_bytes = budget_pages * page_bytes_of(host) // ranks  # each rank evicts its own
+        return open_hicache_file(
+            root, host, max_size_bytes=share_bytes, tp_rank=rank, tp_size=ranks
         )
-    share_bytes = budget_pages * page_bytes_of(host) // ranks  # each rank evicts its own files
-    return open_hicache_file(root, host, max_size_bytes=share_bytes, tp_rank=rank, tp_size=ranks)
+
+    def client(self, store: str, backend, host) -> Client:
+        return Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=self.prefix_keys)
 
 
 def close(backend) -> None:
@@ -121,13 +143,13 @@ def close(backend) -> None:
         backend.close()
 
 
-def leading_runs_real(store, root, documents, pages, ranks, record_bytes, prefix_keys) -> dict:
+def leading_runs_real(store, root, documents, pages, ranks, setup: StoreSetup) -> dict:
     budget_pages = documents * pages // 4
 
     def job(rank: int, lockstep: Lockstep) -> list[int]:
         host = make_host_pool()
-        backend = open_store(store, root, host, budget_pages, record_bytes, rank, ranks)
-        client = Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=prefix_keys)
+        backend = setup.open(store, root, host, budget_pages, rank, ranks)
+        client = setup.client(store, backend, host)
         keys = [document_keys(d, pages, host.page_size) for d in range(documents)]
         try:
             for action, document in issue_script(documents):
@@ -176,11 +198,11 @@ def leading_runs_figures(runs_by_rank: Sequence[Sequence[int]], budget_pages, pa
 # ----------------------------------------------------------------------------- traces
 
 
-def replay_real(store, root, requests, budget_pages, record_bytes, prefix_keys) -> list[int]:
+def replay_real(store, root, requests, budget_pages, setup: StoreSetup) -> list[int]:
     def job(rank: int, lockstep: Lockstep) -> list[int]:
         host = make_host_pool()
-        backend = open_store(store, root, host, budget_pages, record_bytes, 0, 1)
-        client = Client(backend, host, zero_copy=store == GALAHAD, prefix_keys=prefix_keys)
+        backend = setup.open(store, root, host, budget_pages)
+        client = setup.client(store, backend, host)
         try:
             return replay_client(client, requests)
         finally:
@@ -201,15 +223,13 @@ def replay_client(client: Client, requests: Sequence[Request]) -> list[int]:
     return restored_pages
 
 
-def trace_figures(name, seed, budget_pages, page_tokens, work, record_bytes, prefix_keys):
+def trace_figures(name, seed, budget_pages, page_tokens, work, setup: StoreSetup):
     trace = TRACES[name](seed, budget_pages, page_tokens)
     requests = [request_of(prompt, page_tokens) for prompt in trace.prompts]
     restored = {
-        GALAHAD: replay_real(
-            GALAHAD, work / "galahad", requests, budget_pages, record_bytes, prefix_keys
-        ),
+        GALAHAD: replay_real(GALAHAD, work / "galahad", requests, budget_pages, setup),
         HICACHE_FILE: replay_real(
-            HICACHE_FILE, work / "hicache-file", requests, budget_pages, record_bytes, prefix_keys
+            HICACHE_FILE, work / "hicache-file", requests, budget_pages, setup
         ),
         SIM_LRU: replay(ExactLru(budget_pages), requests),
         BELADY: replay(Belady(budget_pages, requests), requests),
@@ -237,10 +257,12 @@ def trace_figures(name, seed, budget_pages, page_tokens, work, record_bytes, pre
 # ----------------------------------------------------------------------------- costs
 
 
-def cost_run(root, writers, fill_pages, measured_pages, max_bytes) -> dict:
+def cost_run(root, writers, fill_pages, measured_pages, max_bytes, options) -> dict:
     def job(rank: int, lockstep: Lockstep) -> tuple[float, float, int]:
         host = make_host_pool(COST_PAGES)
-        backend = open_galahad(root, host, max_bytes=max_bytes, tp_rank=rank, tp_size=writers)
+        backend = open_galahad(
+            root, host, max_bytes=max_bytes, tp_rank=rank, tp_size=writers, **options
+        )
         client = Client(backend, host, zero_copy=True)
         try:
             client.write(cost_keys(rank, "fill", fill_pages))
@@ -265,7 +287,7 @@ def cost_keys(rank: int, phase: str, count: int) -> list[str]:
     ]
 
 
-def costs(work: Path, writers_list, total_pages_measured, rounds) -> dict:
+def costs(work: Path, writers_list, total_pages_measured, rounds, options=()) -> dict:
     """Per writer count (the writers share `total_pages_measured` new pages): the best round
     of each condition, every round's pages/s (the conditions alternate), and full / room."""
     record_bytes = geometry_page_bytes(COST_PAGES) + (1 << 10)  # header and key: under 1 KiB
@@ -282,7 +304,7 @@ def costs(work: Path, writers_list, total_pages_measured, rounds) -> dict:
                 root = work / f"costs-{writers}-{condition}"
                 shutil.rmtree(root, ignore_errors=True)
                 runs[condition].append(
-                    cost_run(root, writers, fill_pages, measured_pages, max_bytes)
+                    cost_run(root, writers, fill_pages, measured_pages, max_bytes, dict(options))
                 )
                 shutil.rmtree(root, ignore_errors=True)
                 progress(f"costs, {writers} writers, {condition}: {runs[condition][-1]}")
@@ -314,6 +336,7 @@ def report(results: dict) -> list[str]:
     lines.append(
         f"# load average at start {results['load_start']:.2f}, at end {results['load_end']:.2f}"
         f"; prefix keys: {results['prefix_keys']}; quick: {results['quick']}"
+        f"; GalahadStorage options: {results.get('store_options') or 'none'}"
     )
     lines.append(
         f"# small pages: {results['page_tokens']} tokens, {results['record_bytes']} B per "
@@ -488,6 +511,14 @@ def main(argv=None) -> dict:
         action="store_true",
         help="pass prefix keys in extra_info (a server with hicache_storage_pass_prefix_keys)",
     )
+    parser.add_argument(
+        "--store-option",
+        action="append",
+        type=store_option,
+        default=[],
+        metavar="KEY=JSON",
+        help="an extra GalahadStorage option, e.g. --store-option durability='\"none\"'",
+    )
     parser.add_argument("--json", type=Path, help="write every figure here")
     parser.add_argument("--work", type=Path, help="scratch directory (default: a temp dir)")
     parser.add_argument("--from-json", type=Path, help="print the tables of a saved run only")
@@ -500,6 +531,7 @@ def main(argv=None) -> dict:
     unknown = set(parts) - set(PARTS)
     if unknown:
         parser.error(f"--parts: unknown {sorted(unknown)}; choose from {','.join(PARTS)}")
+    args.store_option = dict(args.store_option)
     results = measure(args, parts)
     print("\n".join(report(results)))
     if args.json:
@@ -527,13 +559,16 @@ def measure(args, parts) -> dict:
         "machine": machine(),
         "quick": args.quick,
         "prefix_keys": args.prefix_keys,
+        "store_options": args.store_option,
         "load_start": os.getloadavg()[0],
         "page_tokens": page_tokens,
         "page_bytes": geometry_page_bytes(SMALL_PAGES),
     }
     work = Path(tempfile.mkdtemp(prefix="bench_cache-", dir=args.work))
     try:
-        record_bytes = results["record_bytes"] = record_bytes_of_small_pages(work)
+        options = tuple(sorted(args.store_option.items()))
+        results["record_bytes"] = record_bytes_of_small_pages(work, options)
+        setup = StoreSetup(results["record_bytes"], args.prefix_keys, options)
         rows = []
         for documents, pages in workloads if "runs" in parts else []:
             figures = {}
@@ -544,8 +579,7 @@ def measure(args, parts) -> dict:
                     documents,
                     pages,
                     1,
-                    record_bytes,
-                    args.prefix_keys,
+                    setup,
                 )
                 progress(f"runs {documents} x {pages}, {store}: {figures[store]['ratio']:.2f}")
             figures[SIM_LRU] = leading_runs_sim(documents, pages, page_tokens)
@@ -559,8 +593,7 @@ def measure(args, parts) -> dict:
                     documents,
                     pages,
                     ranks,
-                    record_bytes,
-                    args.prefix_keys,
+                    setup,
                 )
                 progress(f"{ranks} ranks, {store}: {figures[store]['ratio']:.2f}")
             rows.append({"workload": f"{documents} x {pages}", "ranks": ranks, "figures": figures})
@@ -578,8 +611,7 @@ def measure(args, parts) -> dict:
                                 trace_budget_pages,
                                 page_tokens,
                                 work,
-                                record_bytes,
-                                args.prefix_keys,
+                                setup,
                             )
                         )
                         progress(f"trace {name} seed {seed}: {rows[-1]['served_share']}")
@@ -591,12 +623,25 @@ def measure(args, parts) -> dict:
         if "costs" in parts:
             results["costs"] = {
                 str(writers): figure
-                for writers, figure in costs(work, writers_list, measured_pages, rounds).items()
+                for writers, figure in costs(
+                    work, writers_list, measured_pages, rounds, setup.galahad_options
+                ).items()
             }
     finally:
         shutil.rmtree(work, ignore_errors=True)
     results["load_end"] = os.getloadavg()[0]
     return results
+
+
+def store_option(text: str) -> tuple[str, object]:
+    """KEY=JSON (a bare word that is not JSON is taken as a string)."""
+    key, separator, value = text.partition("=")
+    if not separator or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=JSON, got {text!r}")
+    try:
+        return key, json.loads(value)
+    except json.JSONDecodeError:
+        return key, value
 
 
 def fresh_root(work: Path, name: str) -> Path:
@@ -607,10 +652,14 @@ def fresh_root(work: Path, name: str) -> Path:
     return root
 
 
-def record_bytes_of_small_pages(work: Path) -> int:
+def record_bytes_of_small_pages(work: Path, options=()) -> int:
     """A GalahadStorage record's bytes on disk for one small page (measured in a child, so
     that this process never starts a store's threads before it forks ranks)."""
-    return run_ranks(1, lambda rank, lockstep: galahad_record_bytes(work, make_host_pool()))[0]
+
+    def probe(rank: int, lockstep: Lockstep) -> int:
+        return galahad_record_bytes(work, make_host_pool(), **dict(options))
+
+    return run_ranks(1, probe)[0]
 
 
 if __name__ == "__main__":

@@ -91,10 +91,10 @@ def open_hicache_file(
     return backend
 
 
-def galahad_record_bytes(work, host) -> int:
+def galahad_record_bytes(work, host, **options) -> int:
     """Bytes one page's record takes on disk (header, key echo, payload), measured."""
     root = Path(work, "record-size-probe")
-    backend = open_galahad(root, host, max_bytes=None)
+    backend = open_galahad(root, host, max_bytes=None, **options)
     try:
         Client(backend, host, zero_copy=True).write(["0" * 64])
     finally:

@@ -22,15 +22,9 @@ DOCUMENTS, PAGES = 60, 32
 
 
 def restorable_share(tmp_path, ranks: int) -> dict:
-    record_bytes = bench_cache.record_bytes_of_small_pages(tmp_path)
+    setup = bench_cache.StoreSetup(bench_cache.record_bytes_of_small_pages(tmp_path))
     return bench_cache.leading_runs_real(
-        bench_cache.GALAHAD,
-        tmp_path / "root",
-        DOCUMENTS,
-        PAGES,
-        ranks,
-        record_bytes,
-        prefix_keys=False,
+        bench_cache.GALAHAD, tmp_path / "root", DOCUMENTS, PAGES, ranks, setup
     )
 
 
