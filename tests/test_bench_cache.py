@@ -165,6 +165,18 @@ def test_request_of_asks_a_strict_prefix():
     assert request_of(list(range(15)), 16) == Request((), 0, 15)
 
 
+def test_store_options_are_json_or_plain_words():
+    import argparse
+
+    from bench.bench_cache import store_option
+
+    assert store_option("durability=none") == ("durability", "none")
+    assert store_option('durability="fsync"') == ("durability", "fsync")
+    assert store_option("io_threads=4") == ("io_threads", 4)
+    with pytest.raises(argparse.ArgumentTypeError):
+        store_option("durability")
+
+
 def test_traces_are_named_by_their_seed():
     assert not set(TUNING_SEEDS) & set(HELD_OUT_SEEDS)
     for name, make in TRACES.items():
