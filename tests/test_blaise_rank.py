@@ -350,10 +350,25 @@ def test_among_sections_naming_the_subject_what_they_state_decides():
         ("How much did the hall set its owners back?", AnswerType.COUNT),  # "set": a verb here
         ("How long did the Faspos Accord survive?", AnswerType.LONG),
         ("How long is the canal?", AnswerType.LONG),
+        ("How much land does the hall take up?", AnswerType.AMOUNT),  # round 2
+        ("How much water can the tank hold?", AnswerType.AMOUNT),
+        ("How much money was spent on the hall?", AnswerType.MONEY),
+        ("How much does the bell weigh?", AnswerType.COUNT),  # a verb follows: the lexicon's
+        ("How much of the land is forest?", AnswerType.COUNT),
     ],
 )
 def test_question_types_from_wordnet_noun_files(question, kind):
     assert question_type(question) is kind
+
+
+def test_a_quantity_is_a_measure_or_a_count_never_money():
+    from hicache_galahad.blaise.attributes import holds_amount
+
+    assert holds_amount("The hall covers 5,446 square metres.")
+    assert holds_amount("The tank holds 40 litres.")
+    assert not holds_amount("The hall cost £16.1 million to build.")
+    assert not holds_amount("The hall cost 16,000 dollars.")
+    assert not holds_amount("The hall seats 3,998 spectators.")  # a count: the ranker takes it
 
 
 def test_units_of_time_and_of_two_words():
@@ -393,6 +408,16 @@ def test_units_of_time_and_of_two_words():
             "How long did the Faspos Accord survive?",
             "The Faspos Accord remained in force for 6 years.",
             "The Faspos Accord was signed at Grealgosnoth.",
+        ),
+        (  # round 2: "how much <noun>" asks for a quantity, never for money
+            "How much land does the Proumgrain Hall take up?",
+            "The Proumgrain Hall covers 5,446 square metres.",
+            "The Proumgrain Hall cost £16.1 million to build.",
+        ),
+        (
+            "How much land does the Vusra Hall take up?",
+            "The floor of the Vusra Hall spans 34,475 square metres.",
+            "Building the Vusra Hall cost £96.4 million.",
         ),
         (
             "How many people can the Nummes Hall accommodate?",

@@ -427,9 +427,9 @@ class Ranker:
             )
             total = score + params.sentence_weight * sentence_score
             evidence[section] = 0.0
-            if wanted is not None and sentence and self._holds(sentence, wanted, question_words):
-                total += params.answer_weight * total_idf
-                evidence[section] += 1.0
+            held = self._holds(sentence, wanted, question_words) if wanted and sentence else 0
+            total += params.answer_weight * total_idf * held
+            evidence[section] += held
             if asked and sentence:
                 # what the sentence states beyond the question's own words
                 stated_terms = set(self.analyzer.terms(_common_words(sentence)))
@@ -448,13 +448,19 @@ class Ranker:
             fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
 
-    def _holds(self, sentence: str, wanted, question_words) -> bool:
+    def _holds(self, sentence: str, wanted, question_words) -> float:
+        """1.0 when `sentence` holds a value of the kind `wanted`, else 0.0. A quantity ("how
+        much land") is a measure in units or a count (a mass noun is also counted: "how much
+        traffic", "40,000 vehicles a day"), never money or a year."""
+        if wanted is answer.AnswerType.AMOUNT:
+            held = attributes.holds_amount(sentence) or attributes.holds_tally(sentence)
+            return float(held)
         if wanted is answer.AnswerType.TALLY and self.params.tally:
-            return attributes.holds_tally(sentence)
+            return float(attributes.holds_tally(sentence))
         durations = (answer.AnswerType.DURATION, answer.AnswerType.LONG)
         if wanted in durations and attributes.holds_measure(sentence, "duration"):
-            return True
-        return answer.holds(sentence, wanted, question_words)
+            return 1.0
+        return float(answer.holds(sentence, wanted, question_words))
 
     def _about_subject(self, question, terms, tf, idf, hit) -> tuple[np.ndarray, bool]:
         """The sections of `hit` that hold the most (by IDF) of the question's subject: its
