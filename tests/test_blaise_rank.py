@@ -435,3 +435,19 @@ def test_the_same_entitys_other_attribute_loses(question, fact, decoy):
     for number in range(2, 12):
         ranker.add(number, FILLER)
     assert ranker.search(question, 1)[0][0] == 1
+
+
+def test_a_sentence_about_a_near_name_lends_nothing_to_the_subject():
+    """Round 2: a section naming the subject (its cost) beside a near name's sentence that
+    shares the question's other words took the near name's statement as the subject's; the
+    best sentence is now one that names the subject's rarest term, when one does."""
+    ranker = Ranker()
+    ranker.add(
+        0,
+        "The Fundaithfu Hall has 11,744 seats. "
+        "The footprint of the Fundaiehfu Hall is big, at 2,536 square metres.",
+    )
+    ranker.add(1, "The floor of the Fundaithfu Hall spans 40,522 square metres.")
+    for number in range(2, 12):
+        ranker.add(number, FILLER)
+    assert ranker.search("How big is the footprint of the Fundaithfu Hall?", 1)[0][0] == 1
