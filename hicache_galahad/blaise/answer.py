@@ -3,7 +3,8 @@ one. Pure code: regular expressions, and WordNet's person and group nouns (attri
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
-high" for a length, "how many" for a count. A sentence that shares the question's rare words
+high" for a length, "how many" for a count, "how much <noun>" for a quantity of it (a
+measure or a count, not money). A sentence that shares the question's rare words
 (a name) but holds no value of the asked kind is less likely to answer it; this is what
 separates the sentence about an entity's founding year from another about its leader when the
 question words ("established", "created") appear in neither.

@@ -5,7 +5,8 @@ stemmer (PyStemmer, a C extension), English stop words and question words remove
 section is scored by
 
     score = BM25(section body + heading path x heading_weight)
-          + sentence_weight * max over its sentences of BM25(sentence)
+          + sentence_weight * max over its sentences of BM25(sentence) (of those that name
+            the question's subject, when it names one and one does)
           + answer_weight * total IDF * [that best sentence holds the kind of value asked for]
           + attribute_weight * IDF in the best sentence * agreement of the attributes the
             question names and those the best sentence names (attributes.py)
