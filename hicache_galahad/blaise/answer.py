@@ -3,7 +3,8 @@ one. Pure code: regular expressions, and WordNet's person and group nouns (attri
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
-high" for a length, "how many" for a count. A sentence that shares the question's rare words
+high" for a length, "how many" for a count, "how much <noun>" for a quantity of it (a
+measure or a count, not money). A sentence that shares the question's rare words
 (a name) but holds no value of the asked kind is less likely to answer it; this is what
 separates the sentence about an entity's founding year from another about its leader when the
 question words ("established", "created") appear in neither.
@@ -27,7 +28,15 @@ class AnswerType(enum.Enum):
     TALLY = "tally"  # how many: a count of things, not a measure (attributes.holds_tally)
     DURATION = "duration"  # a number of units of time (attributes.holds_measure)
     LONG = "long"  # how long: a length or a duration
+    AMOUNT = "amount"  # how much <noun>: a quantity in units of measurement (attributes)
 
+
+# words after "how much" that are no noun: "how much did it cost", "how much of the land"
+_FUNCTION_WORDS = (
+    r"do|does|did|is|are|was|were|be|been|has|have|had|can|could|will|would|shall|should|may|"
+    r"might|must|it|its|they|their|this|that|these|those|he|she|we|you|i|of|more|less|in|on|"
+    r"for|to|at|by|from|longer|further|farther|larger|higher|greater|later|earlier|older"
+)
 
 _QUESTION_RULES = (
     (
@@ -46,6 +55,9 @@ _QUESTION_RULES = (
         r"\bhow (much money|expensive|costly)\b|\b(cost|costs|price|sum|money|paid|spent|"
         r"expended|budget|worth)\b",
     ),
+    # "how much <noun>" asks for a quantity of a mass noun ("how much land", "how much
+    # water"): a measure, in units; not money (asked above), not a tally ("how many")
+    (AnswerType.AMOUNT, rf"\bhow much (?!(?:{_FUNCTION_WORDS})\b)[a-z]+\b"),
     (AnswerType.LONG, r"\bhow long\b"),
     (
         AnswerType.LENGTH,
@@ -151,7 +163,7 @@ def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
         return bool(_MONEY.search(sentence))
     if kind is AnswerType.LENGTH or kind is AnswerType.LONG:  # (a duration: see rank.py)
         return bool(_LENGTH.search(sentence))
-    if kind is AnswerType.COUNT or kind is AnswerType.TALLY:  # (a tally: see attributes)
+    if kind in (AnswerType.COUNT, AnswerType.TALLY, AnswerType.AMOUNT):  # (see attributes)
         return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
     if kind is AnswerType.PLACE:
         return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))

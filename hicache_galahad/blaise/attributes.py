@@ -126,6 +126,15 @@ def holds_measure(sentence: str, attribute: str) -> bool:
     return any(attribute in _unit_at(sentence, m) for m in _TALLIED.finditer(sentence))
 
 
+def holds_amount(sentence: str) -> bool:
+    """Whether `sentence` holds a quantity in units of measurement ("how much land": "spans
+    929 square metres", "holds 40 litres"): a number followed by a unit (UNITS) that measures
+    something other than money ("£80 million" and "8,555 seats" are not)."""
+    return any(
+        set(_unit_at(sentence, m)).difference(("money",)) for m in _TALLIED.finditer(sentence)
+    )
+
+
 _NEXT_WORD = re.compile(r"\s+([A-Za-z]+)")
 
 
