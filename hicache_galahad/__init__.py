@@ -21,8 +21,8 @@ def __getattr__(name):
         from .record.namespace import Namespace
 
         return Namespace
-    if name in ("warm", "ready"):  # ops/warm.py: warm a corpus, say what is ready
-        from .ops import warm as warm_module
+    if name in ("warm", "ready"):  # warming/: warm a corpus, say what is ready
+        from . import warming
 
-        return getattr(warm_module, name)
+        return getattr(warming, name)
     raise AttributeError(f"module 'hicache_galahad' has no attribute {name!r}")

@@ -8,6 +8,10 @@
         (one subclass per rule V0..V16, in format.py)
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
                            size): a miss or False, counted as a refusal, never as a bug
+      OperatorError        a condition an operator can meet (no store there, a read-only
+                           disk): `galahad` prints one line and exits 2
+        ServerError        warm/ready: no server there, or one that answers too slowly, too
+                           much, or something malformed
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """
@@ -41,3 +45,13 @@ class RefusedRequest(GalahadError, ValueError):
     """An argument the backend refuses on purpose (a flat page that is not exactly one page
     of its pool): the call is a miss or False, counted in `adapter_errors` but never in
     `unexpected_errors`, which counts bugs only."""
+
+
+class OperatorError(GalahadError):
+    """A condition an operator can meet (no store there, a read-only disk, a bad argument):
+    the `galahad` command prints it in one line and exits 2."""
+
+
+class ServerError(OperatorError):
+    """`warm`/`ready`: no SGLang server at the address, or one that answers past the deadline,
+    more than the size cap, or something malformed; or no namespace of it under the root."""
