@@ -56,17 +56,19 @@ class HttpServer:
         kind = http.client.HTTPSConnection if self._https else http.client.HTTPConnection
         connection = kind(self._host, self._port, timeout=self.deadline_s)
         expired = threading.Event()
+        opened: list[socket.socket] = []  # the response reads from it after the connection
+        # has let go of it (HTTP/1.0, Connection: close), so it is kept here for the timer
 
         def expire() -> None:
             expired.set()
-            sock = connection.sock
-            if sock is not None:
+            for sock in opened:
                 with contextlib.suppress(OSError):
                     sock.shutdown(socket.SHUT_RDWR)
 
         timer = None
         try:
             connection.connect()  # bounded by the socket timeout, which is the deadline
+            opened.append(connection.sock)
             remaining_s = self.deadline_s - (time.monotonic() - started)
             if remaining_s <= 0:
                 expire()
