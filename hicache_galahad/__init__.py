@@ -2,6 +2,8 @@
 
 `hicache_galahad.GalahadStorage` is the SGLang backend class; it is imported lazily so that
 the record store (`hicache_galahad.store`) works without torch or sglang installed.
+`hicache_galahad.warm()` and `ready()` (the warming package) warm a corpus through a running
+server and say what a request would restore now.
 """
 
 __version__ = "0.1.0"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 from ..warming import WarmReport, warm
@@ -107,9 +108,8 @@ def cmd_warm(args) -> int:
         data = {"documents": [report.as_dict() for report in reports]}
         data["complete"] = all(report.complete for report in reports)
         if reports and reports[0].probe is not None:
-            data["server_probe"] = reports[0].probe.__dict__ | {
-                "restores": reports[0].probe.restores
-            }
+            probe = reports[0].probe
+            data["server_probe"] = asdict(probe) | {"restores": probe.restores}
         print(json.dumps(data, indent=2))
     else:
         print(_render(reports, check))
