@@ -29,7 +29,8 @@ from hicache_galahad.warming.targets import HttpTarget
 MODEL = "/models/tiny"
 FINGERPRINT = "fp-tiny"
 PAGE_SIZE = 4
-THRESHOLD = 8  # the server's prefetch_threshold: the probe asks for 8 stored tokens
+THRESHOLD = 8  # the server's prefetch_threshold
+PROBE_TOKENS = 12  # at least SGLang's load-back threshold (10 tokens), in whole pages
 DTYPES = {"kv_cache_dtype": "auto", "mamba_ssm_dtype": "None", "dtype": "auto"}
 TEXT = "the knight kept watch over the vessel all night"  # tokens: its bytes
 
@@ -92,8 +93,10 @@ class FakeServer:
         if path == "/tokenize":
             return {"tokens": list(body["prompt"].encode())}
         if path == "/generate":
-            details = self.cached_details or {}
+            details = dict(self.cached_details or {})
             cached = sum(details.values())
+            if details:  # as SGLang 0.5.23 reports it with a storage backend
+                details["storage_backend"] = "dynamic"
             return {"meta_info": {"cached_tokens": cached, "cached_tokens_details": details}}
         return {}
 
@@ -357,18 +360,19 @@ def test_warm_pin_obeys_a_readable_limit(server, store_root, document, capsys, t
 def test_ready_probes_the_server_with_the_shortest_stored_prefix(
     server, store_root, document, capsys
 ):
-    """Issue 31: `ready` sends one request of the first THRESHOLD stored tokens and one more,
+    """Issue 31: `ready` sends one request of the first stored tokens SGLang would look up and
+    load back (the prefetch threshold, and at least 10 tokens, in whole pages) and one more,
     one output token, and reports what the server took from storage."""
     ids = fill(store_root)
     fake = server()
-    fake.cached_details = {"device": 0, "host": 0, "storage": THRESHOLD}
+    fake.cached_details = {"device": 0, "host": 0, "storage": PROBE_TOKENS}
     status, out, err = galahad(capsys, "ready", "--server", fake.url, "--json", document)
     assert status == 0, err
     data = json.loads(out)
     assert data["complete"] and data["server_probe"]["verdict"] == "restored"
-    assert data["server_probe"]["storage_tokens"] == THRESHOLD
+    assert data["server_probe"]["storage_tokens"] == PROBE_TOKENS
     (request,) = fake.generate_requests()
-    assert request["input_ids"] == ids[: THRESHOLD + 1]
+    assert request["input_ids"] == ids[: PROBE_TOKENS + 1]
     assert request["sampling_params"]["max_new_tokens"] == 1
     status, out, _ = galahad(capsys, "ready", "--server", fake.url, document)
     assert status == 0 and "server: restores now: the probe" in out
@@ -396,7 +400,7 @@ def test_ready_says_when_the_prefix_came_from_the_servers_memory(
 ):
     fill(store_root)
     fake = server()
-    fake.cached_details = {"device": THRESHOLD, "host": 0}
+    fake.cached_details = {"device": PROBE_TOKENS, "host": 0}
     status, out, _ = galahad(capsys, "ready", "--server", fake.url, "--json", document)
     assert status == 0 and json.loads(out)["server_probe"]["verdict"] == "in_memory"
 

@@ -2,8 +2,10 @@
 one cheap request whose prompt is a stored prefix, and what the server says it took from
 storage (`meta_info["cached_tokens_details"]["storage"]`).
 
-The probe is the shortest stored prefix of a document that SGLang would look up, L tokens (at
-least the server's `prefetch_threshold`, page-aligned; a checkpoint position for a hybrid), plus
+The probe is the shortest stored prefix of a document that SGLang would look up and load, L
+tokens (at least the server's `prefetch_threshold` and SGLang's load-back threshold of 10 tokens,
+below which a prefix loaded into host memory is recomputed instead; page-aligned; a checkpoint
+position for a hybrid), plus
 the document's next token, so that the strict prefix is exactly L; one output token. A server
 whose storage lookup fails or times out (e.g. while it builds SGLang's key-hash extension after
 a start) computes the prompt instead: `not_restored`, which `galahad ready` reports apart from
@@ -21,6 +23,7 @@ from dataclasses import dataclass
 from .readiness import Readiness
 
 RESTORED, IN_MEMORY, NOT_RESTORED, SKIPPED = "restored", "in_memory", "not_restored", "skipped"
+LOAD_BACK_THRESHOLD_TOKENS = 10  # SGLang 0.5.23 unified_radix_cache `load_back_threshold`
 
 
 @dataclass
@@ -39,8 +42,9 @@ class Probe:
         return self.verdict != NOT_RESTORED
 
 
-def probe_length(seen: Readiness, page_size: int, threshold: int) -> int:
+def probe_length(seen: Readiness, page_size: int, prefetch_threshold: int) -> int:
     """L: the shortest stored prefix of the document a probe can ask for (0: none)."""
+    threshold = max(prefetch_threshold, LOAD_BACK_THRESHOLD_TOKENS)
     if seen.hybrid:
         return min((point for point in seen.checkpoints if point >= threshold), default=0)
     pages = -(-threshold // page_size)
@@ -80,9 +84,10 @@ def send_probe(target, document: str, ids: list[int], length: int, request: dict
     return probe
 
 
-def skipped(threshold: int) -> Probe:
+def skipped(prefetch_threshold: int) -> Probe:
+    threshold = max(prefetch_threshold, LOAD_BACK_THRESHOLD_TOKENS)
     return Probe(
         SKIPPED,
-        reason=f"no document has a stored prefix of {threshold} tokens (the server's "
-        "prefetch_threshold, below which SGLang looks nothing up)",
+        reason=f"no document has a stored prefix of {threshold} tokens (below the server's "
+        "prefetch_threshold SGLang looks nothing up, below 10 tokens it loads nothing back)",
     )
