@@ -318,7 +318,7 @@ def test_a_url_that_is_not_one_is_one_line():
 
 
 def test_warm_pin_refuses_when_the_servers_pin_limit_cannot_be_read(
-    server, store_root, document, capsys
+    server, store_root, document, capsys, caplog
 ):
     """Issue 32 item 9: with the server's extra config an @file this machine cannot read, warm
     --pin took {} and pinned without the server's max_pinned_bytes (128,160 B pinned against a
@@ -333,6 +333,13 @@ def test_warm_pin_refuses_when_the_servers_pin_limit_cannot_be_read(
     assert "cannot read /etc/sglang/galahad-unreadable.json" in err
     with RecordStore(str(store_root), read_only=True) as store:
         assert not store.pinned_bytes_by_tenant()
+    # explicitly: within the root's limit (the live store processes', else the last applied)
+    status, out, err = galahad(capsys, "warm", "--server", fake.url, "--root", str(store_root),
+                               "--pin", "--root-pin-limit", "--json", document)  # fmt: skip
+    assert status == 0, err
+    assert "pinning within the root's limit" in caplog.text  # said, never silent
+    pinned = json.loads(out)["documents"][0]["pinned"]
+    assert pinned["pinned_records"] == len(TEXT) // PAGE_SIZE
     # without --pin nothing needs the limit: warm checks and reports as before
     status, out, err = galahad(capsys, "warm", "--server", fake.url, "--root", str(store_root),
                                "--json", document)  # fmt: skip

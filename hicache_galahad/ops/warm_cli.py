@@ -99,6 +99,7 @@ def cmd_warm(args) -> int:
             wait_s=getattr(args, "wait", DEFAULT_WAIT_S),
             checkpoint_every=getattr(args, "checkpoint_every", 0),
             timeout_s=args.timeout,
+            root_pin_limit=getattr(args, "root_pin_limit", False),
             on_document=(lambda report: progress.update(1)) if progress else None,
         )
     finally:
@@ -149,6 +150,11 @@ def register(commands) -> None:
     )
     _common(warm_parser)
     warm_parser.add_argument("--pin", action="store_true", help="pin the warmed records")
+    warm_parser.add_argument(
+        "--root-pin-limit",
+        action="store_true",
+        help="--pin when the server's extra config cannot be read here: obey the root's limit",
+    )
     warm_parser.add_argument(
         "--check", action="store_true", help="report what a request would restore now (= ready)"
     )

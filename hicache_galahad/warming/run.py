@@ -62,7 +62,9 @@ class WarmReport:
         return data
 
 
-def _open_store(root: str | None, profile: ServerProfile, *, writable: bool) -> RecordStore:
+def _open_store(
+    root: str | None, profile: ServerProfile, *, writable: bool, root_pin_limit: bool = False
+) -> RecordStore:
     if not root and not profile.root:
         why = f" ({profile.extra_config_problem})" if profile.extra_config_problem else ""
         raise ServerError(f"no store root: pass --root (the server's extra config names none{why})")
@@ -71,10 +73,18 @@ def _open_store(root: str | None, profile: ServerProfile, *, writable: bool) -> 
         raise ServerError(f"{root} is not a hicache-galahad store (no ns/ directory)")
     if not writable:
         return RecordStore(root, read_only=True)
-    if profile.extra_config_problem:
+    if profile.extra_config_problem and not root_pin_limit:
         raise ServerError(
             "warm --pin must obey the server's pin limit (max_pinned_bytes, max_bytes), and "
-            f"its extra config cannot be read here: {profile.extra_config_problem}"
+            f"its extra config cannot be read here: {profile.extra_config_problem}; pass "
+            "--root-pin-limit to pin within the root's limit instead"
+        )
+    if profile.extra_config_problem:
+        log.warning(
+            "galahad warm: the server's extra config cannot be read here (%s): pinning within "
+            "the root's limit (the smallest max_pinned_bytes of the live store processes, else "
+            "the last one applied)",
+            profile.extra_config_problem,
         )
     return RecordStore(root, **profile.store_options)
 
@@ -91,10 +101,14 @@ def _request_fields(extra_key: str | None, cache_salt: str | None) -> dict:
 class _Session:
     """One target, one store, the server's namespaces: what warm and ready share."""
 
-    def __init__(self, target, root, tenant, *, writable, extra_key, cache_salt, timeout_s):
+    def __init__(
+        self, target, root, tenant, *, writable, extra_key, cache_salt, timeout_s, root_pin_limit
+    ):
         self.target = as_target(target, timeout_s)
         self.profile = self.target.profile()
-        self.store = _open_store(root, self.profile, writable=writable)
+        self.store = _open_store(
+            root, self.profile, writable=writable, root_pin_limit=root_pin_limit
+        )
         try:
             self.ranks = server_namespaces(self.store, self.profile, tenant)
         except BaseException:
@@ -237,12 +251,15 @@ def warm(
     wait_s: float = DEFAULT_WAIT_S,
     checkpoint_every: int = 0,
     timeout_s: float = DEFAULT_DEADLINE_S,
+    root_pin_limit: bool = False,
     on_document: Callable[[WarmReport], None] | None = None,
 ) -> list[WarmReport]:
     """Warms each document into the store through `target` (a server URL or an
     `sglang.Engine`). `root` defaults to the server's own; `tenant` to the server's. With
     `check`, only reports what a request would restore now (nothing is sent but /tokenize and,
-    with `probe`, one probe: warming/probe.py). `timeout_s` bounds each call to a server. Returns
+    with `probe`, one probe: warming/probe.py). `timeout_s` bounds each call to a server. A pin
+    obeys the server's pin limit, read from its extra config; when that cannot be read here,
+    warm refuses (ServerError) unless `root_pin_limit`: then the root's limit applies. Returns
     one report per document (per section with `sections`); `.complete` says whether every page
     (and, for a hybrid, every planned checkpoint) is in the store."""
     session = _Session(
@@ -253,6 +270,7 @@ def warm(
         extra_key=extra_key,
         cache_salt=cache_salt,
         timeout_s=timeout_s,
+        root_pin_limit=root_pin_limit,
     )
     policy = session.profile.write_policy
     if not check and policy and not str(policy).startswith("write_through"):
