@@ -4,10 +4,13 @@
       ConfigError          a setting is wrong: raised at start, naming the key and the value
         KeyFileError       the encryption key file is missing, malformed or too open
         FingerprintError   the model's weights cannot be identified
+        MooncakeConfigError  a bad `mooncake` option (its key, value and what is expected)
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
         (one subclass per rule V0..V16, in format.py)
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
                            size): a miss or False, counted as a refusal, never as a bug
+      PinsDirError         a directory under `<root>/pins/` is a link or not a directory: the
+                           pin operation is refused (also a NotADirectoryError)
       OperatorError        a condition an operator can meet (no store there, a read-only
                            disk): `galahad` prints one line and exits 2
         ServerError        warm/ready: no server there, or one that answers too slowly, too
@@ -35,6 +38,10 @@ class FingerprintError(ConfigError):
     """The weights the cache belongs to cannot be established."""
 
 
+class MooncakeConfigError(ConfigError):
+    """A bad `mooncake` option: the message names the key, the value and what is expected."""
+
+
 class FormatError(GalahadError):
     """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
 
@@ -45,6 +52,11 @@ class RefusedRequest(GalahadError, ValueError):
     """An argument the backend refuses on purpose (a flat page that is not exactly one page
     of its pool): the call is a miss or False, counted in `adapter_errors` but never in
     `unexpected_errors`, which counts bugs only."""
+
+
+class PinsDirError(GalahadError, NotADirectoryError):
+    """A directory under `<root>/pins/` is a symbolic link or not a directory: never
+    followed, the operation is refused (store/pins/tree.py)."""
 
 
 class OperatorError(GalahadError):

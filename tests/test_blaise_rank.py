@@ -336,3 +336,77 @@ def test_among_sections_naming_the_subject_what_they_state_decides():
     ranker.add(0, fact)
     ranker.add(1, decoy)
     assert ranker.search("how many men were underground at the mine", 1)[0][0] in (0, 1)
+
+
+# ---------------------------------------------------------------- issue 33: answer types
+
+
+@pytest.mark.parametrize(
+    "question, kind",
+    [
+        ("Which craftsman created the Brainsis bell?", AnswerType.PERSON),  # PERSON_NOUNS
+        ("How large was the staff of the Pruto mine?", AnswerType.TALLY),  # GROUP_NOUNS
+        ("How big an audience fits inside the hall?", AnswerType.TALLY),
+        ("How much did the hall set its owners back?", AnswerType.COUNT),  # "set": a verb here
+        ("How long did the Faspos Accord survive?", AnswerType.LONG),
+        ("How long is the canal?", AnswerType.LONG),
+    ],
+)
+def test_question_types_from_wordnet_noun_files(question, kind):
+    assert question_type(question) is kind
+
+
+def test_units_of_time_and_of_two_words():
+    """WordNet files time apart from its units of measurement: '34 years' stated nothing,
+    and '929 square metres' was read as a tally (its first word alone is no unit)."""
+    from hicache_galahad.blaise.attributes import holds_measure
+    from hicache_galahad.blaise.attributes_data import GLOSSED, UNITS
+
+    assert UNITS["year"] == ["duration"] and UNITS["hour"] == ["duration"]
+    assert "frame" not in UNITS  # a unit of time, but not its first sense
+    assert GLOSSED["pay"] == {"money": 0.25}  # "give money ...": monetary_value pertains to it
+    assert holds_measure("The accord remained in force for 34 years.", "duration")
+    assert not holds_measure("The shaft is 1,479 metres deep.", "duration")
+    assert holds_tally("The floor of the hall spans 929 square metres.") is False
+    assert holds("It lasted 6 years.", AnswerType.LONG, set()) is False  # the ranker adds it
+
+
+@pytest.mark.parametrize(
+    "question, fact, decoy",
+    [
+        (
+            "What did the city pay for the Paindgrum Hall?",
+            "The Paindgrum Hall cost £61.5 million to build.",
+            "The floor of the Paindgrum Hall spans 935 square metres.",
+        ),
+        (
+            "Which craftsman created the Pearkmouthsteth bell?",
+            "Vealzath Zordrunsouth cast the Pearkmouthsteth bell.",
+            "The Pearkmouthsteth bell was cast in 1957.",
+        ),
+        (
+            "How large was the staff of the Pruto mine?",
+            "The Pruto mine employed 39,924 miners.",
+            "The main shaft of the Pruto mine is 1,031 metres deep.",
+        ),
+        (
+            "How long did the Faspos Accord survive?",
+            "The Faspos Accord remained in force for 6 years.",
+            "The Faspos Accord was signed at Grealgosnoth.",
+        ),
+        (
+            "How many people can the Nummes Hall accommodate?",
+            "The Nummes Hall seats 28,887 spectators.",
+            "The floor of the Nummes Hall spans 929 square metres.",
+        ),
+    ],
+)
+def test_the_same_entitys_other_attribute_loses(question, fact, decoy):
+    """Issue 33: the misses of gen2's train split, each the same entity with another
+    attribute; the decoy first, so that a tie goes to it."""
+    ranker = Ranker()
+    ranker.add(0, decoy)
+    ranker.add(1, fact)
+    for number in range(2, 12):
+        ranker.add(number, FILLER)
+    assert ranker.search(question, 1)[0][0] == 1

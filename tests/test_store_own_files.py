@@ -326,7 +326,9 @@ def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch
     flusher = Flusher(0.05, Counters())
     monkeypatch.setattr(os, "fsync", stuck_fsync)
     try:
-        flusher.add(str(tmp_path), ["a.rec"])
+        dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        flusher.add(dir_fd, str(tmp_path), ["a.rec"])
+        os.close(dir_fd)
         time.sleep(0.3)  # the background flush is now stuck in fsync
         errors = []
 

@@ -451,6 +451,9 @@ class Ranker:
     def _holds(self, sentence: str, wanted, question_words) -> bool:
         if wanted is answer.AnswerType.TALLY and self.params.tally:
             return attributes.holds_tally(sentence)
+        durations = (answer.AnswerType.DURATION, answer.AnswerType.LONG)
+        if wanted in durations and attributes.holds_measure(sentence, "duration"):
+            return True
         return answer.holds(sentence, wanted, question_words)
 
     def _about_subject(self, question, terms, tf, idf, hit) -> tuple[np.ndarray, bool]:

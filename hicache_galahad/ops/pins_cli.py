@@ -1,10 +1,11 @@
-"""`galahad unpin`: release pinned records (store/pins.py) so that eviction may take them.
+"""`galahad unpin`: release pinned records (store/pins/) so that eviction may take them.
 
     galahad unpin (--document LABEL | --tenant T | --all) --root DIR [--json]
 
 --document and --tenant together unpin that document's records of that tenant. A record
 another document pins stays pinned. Prints the bytes no longer pinned, and what stays pinned
-per tenant.
+per tenant. Any unpin also repairs a damaged `pins/state` (counted again from the pin files
+and the disk), so `galahad unpin --tenant NOBODY` is a repair that releases nothing.
 """
 
 from __future__ import annotations

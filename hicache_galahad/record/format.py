@@ -34,6 +34,7 @@ DIGEST_SIZES = {DIGEST_NONE: 0, DIGEST_XXH3_128: 16, DIGEST_SHA256: 32}
 _FIXED = struct.Struct("<8sHHIQQ32sHBB12s32s")
 FIXED_HEADER_BYTES = _FIXED.size  # 112
 DIGEST_OFFSET = 80
+_ZERO_DIGEST_FIELD = bytes(32)
 NONCE_BYTES = 12
 TAG_BYTES = 16
 
@@ -206,10 +207,11 @@ def new_digest(digest_alg: int):
 
 
 def hash_header(hasher, header: bytes | bytearray | memoryview) -> None:
-    """Feeds the header to `hasher` with its digest field read as zeros."""
+    """Feeds the header to `hasher` with its digest field read as zeros: the one place the
+    digest's input is defined (the writer's `seal_digest`, every reader's verifier.Digest)."""
     view = memoryview(header)
     hasher.update(view[:DIGEST_OFFSET])
-    hasher.update(bytes(32))
+    hasher.update(_ZERO_DIGEST_FIELD)
     hasher.update(view[DIGEST_OFFSET + 32 :])
 
 
@@ -286,6 +288,17 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
         nonce=bytes(nonce),
         digest=bytes(digest[:digest_size]),
     )
+
+
+def declared_raw_len(prefix: bytes | bytearray | memoryview) -> int:
+    """The raw length a record's first FIXED_HEADER_BYTES declare, checked for nothing but
+    the magic: 0 for anything shorter or without it. An estimate's input (a recount's logical
+    bytes), never a verdict: a record is served or judged only through parse_header and the
+    verifier."""
+    if len(prefix) < FIXED_HEADER_BYTES:
+        return 0
+    magic, _, _, _, _, raw_len, *_ = _FIXED.unpack_from(prefix, 0)
+    return raw_len if magic == MAGIC else 0
 
 
 def as_segments(data) -> list[memoryview]:

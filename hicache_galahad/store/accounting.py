@@ -186,14 +186,11 @@ class Accounting:
         except OSError:
             return 0
         try:
-            head = os.pread(fd, 32, 0)
+            return fmt.declared_raw_len(os.pread(fd, fmt.FIXED_HEADER_BYTES, 0))
         except OSError:
             return 0
         finally:
             os.close(fd)
-        if len(head) < 32 or head[:8] != fmt.MAGIC:
-            return 0
-        return int.from_bytes(head[24:32], "little")
 
     def open_scan(self) -> None:
         """What opening a store does: nothing proportional to its records. Takes back the
