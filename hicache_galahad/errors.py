@@ -6,7 +6,12 @@
         FingerprintError   the model's weights cannot be identified
         MooncakeConfigError  a bad `mooncake` option (its key, value and what is expected)
       FormatError          a record that must not be served; `rule` names its docs/FORMAT.md rule
-        (one subclass per rule V0..V16, in format.py)
+        NotARegularFileError   V0, and an OSError too: anything but a regular file (a FIFO,
+                               a device, a directory, a link) where the store expects a
+                               record or one of its own files (ledger, locks, counters)
+        (one subclass per rule V1..V16, in format.py)
+      LedgerWriteError     (an OSError) the byte ledger could not be written after records
+                           were linked: `kept` bytes are on disk but not yet counted
       RefusedRequest       a caller's argument the backend refuses (a flat page of another
                            size): a miss or False, counted as a refusal, never as a bug
       PinsDirError         a directory under `<root>/pins/` is a link or not a directory: the
@@ -46,6 +51,23 @@ class FormatError(GalahadError):
     """A record that must not be served. `rule` names the FORMAT.md rule it broke."""
 
     rule = "V?"
+
+
+class NotARegularFileError(FormatError, OSError):
+    """Something other than a regular file (a FIFO, a device, a directory, a socket, a
+    symbolic link) where the store expects a record (rule V0) or one of its own files. An
+    OSError too: opening a metadata file fails with it as with any other I/O error."""
+
+    rule = "V0"
+
+
+class LedgerWriteError(GalahadError, OSError):
+    """The ledger could not be written after records were linked: `kept` bytes of them are
+    on disk but not yet counted (the caller carries them into its next update)."""
+
+    def __init__(self, error: OSError, kept: int):
+        super().__init__(error.errno, str(error))
+        self.kept = kept
 
 
 class RefusedRequest(GalahadError, ValueError):

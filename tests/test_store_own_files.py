@@ -31,7 +31,7 @@ from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.layout import record_filename
-from hicache_galahad.store.ledger import _ENTRY, _HEAD, MAGIC
+from hicache_galahad.store.ledger_state import ENTRY, HEAD, MAGIC
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
@@ -435,8 +435,8 @@ def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(tmp_path):
 
 
 def _write_ledger(root: Path, committed: int, entries: list[tuple[bytes, int]]) -> None:
-    raw = _HEAD.pack(MAGIC, committed, len(entries), 0)
-    raw += b"".join(_ENTRY.pack(token, reserved) for token, reserved in entries)
+    raw = HEAD.pack(MAGIC, committed, len(entries), 0)
+    raw += b"".join(ENTRY.pack(token, reserved) for token, reserved in entries)
     (root / "ledger").write_bytes(raw)
 
 

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import FormatError
+from ..errors import FormatError, NotARegularFileError
 
 MAGIC = b"GALAHAD\x00"
 FORMAT_VERSION = 1
@@ -41,10 +41,6 @@ TAG_BYTES = 16
 MAX_KEY_BYTES = 1024
 MAX_RAW_BYTES = 1 << 32  # 4 GiB: far above any KV page or state checkpoint
 MAX_PAYLOAD_BYTES = MAX_RAW_BYTES + (MAX_RAW_BYTES >> 7) + (1 << 16)  # zstd worst-case bound
-
-
-class NotARegularFileError(FormatError):
-    rule = "V0"
 
 
 class TruncatedHeaderError(FormatError):

@@ -25,18 +25,20 @@ from ..errors import ConfigError
 from ..record import format as fmt
 from ..telemetry.metrics import Counters, RateLimitedLog
 from .eviction import SampledLru
-from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
-from .ledger import (
-    _DIRNAME,
+from .journal import Journal, JournalItem
+from .layout import (
     PROCS_DIR,
     QUARANTINE_DIRNAME,
-    Journal,
-    Ledger,
-    NamespaceCount,
-    ProcessLock,
-    token_alive,
+    StoreLayout,
+    accounted_bytes,
+    is_namespace_dirname,
+    is_record_name,
+    temp_is_stale,
 )
+from .ledger import Ledger
+from .ledger_state import NamespaceCount
 from .lifetime import retire
+from .liveness import ProcessLock, token_alive
 from .quarantine import Quarantine
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
@@ -147,7 +149,7 @@ class Accounting:
                 total += entry.accounted_bytes
                 if not entry.accounted_bytes:
                     continue  # no regular file, or an empty one: no record to count
-                if not _DIRNAME.match(dirname) or dirname == QUARANTINE_DIRNAME:
+                if not is_namespace_dirname(dirname) or dirname == QUARANTINE_DIRNAME:
                     complete = False
                     continue
                 count = counts.get(dirname)
@@ -421,7 +423,7 @@ class Accounting:
             if expected is not None and info.st_nlink > 1:
                 return None  # pinned since it was sampled (store/pins.py): it stays
             size = accounted_bytes(info)
-            journal(Journal.DELETE, dirname, [(filename, info.st_ino, size)])
+            journal(Journal.DELETE, dirname, [JournalItem(filename, info.st_ino, size)])
             try:
                 os.unlink(filename, dir_fd=dir_fd)
             except OSError:

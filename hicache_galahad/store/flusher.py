@@ -24,8 +24,9 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import NotARegularFileError
 from ..telemetry.metrics import Counters, RateLimitedLog
-from .layout import NotRegularFileError, open_regular
+from .safe_files import open_regular
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together
@@ -142,7 +143,7 @@ class Flusher:
         dir_fd, directory, name = file
         try:  # a FIFO or a link put at a record's name: never a hang, never followed
             fd = open_regular(name, dir_fd=dir_fd)
-        except (FileNotFoundError, NotRegularFileError):
+        except (FileNotFoundError, NotARegularFileError):
             return 0  # evicted, purged or replaced before it was flushed: not ours any more
         except OSError as error:
             self._failed(os.path.join(directory, name), error)

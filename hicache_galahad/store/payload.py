@@ -13,7 +13,7 @@ import threading
 
 from ..record import compression, verifier
 from ..record import format as fmt
-from .layout import RECORD_OPEN_FLAGS, is_regular
+from .safe_files import RECORD_OPEN_FLAGS, is_regular
 
 READ_CHUNK_BYTES = 1 << 20
 IOV_MAX = 1024  # the most buffers one preadv or writev takes (Linux's UIO_MAXIOV)

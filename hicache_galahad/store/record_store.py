@@ -41,8 +41,7 @@ from .budget import Budget
 from .checker import Checker, CheckReport
 from .flusher import Flusher
 from .kvstore import StoreStats
-from .layout import StoreLayout, record_filename
-from .ledger import QUARANTINE_DIRNAME
+from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
 from .pins import PinResult, Pins
@@ -153,7 +152,11 @@ class RecordStore:
         self._closed = False
         if not self.read_only:
             self._counter_file = CounterFile(
-                self.root, self.accounting.token, self.accounting.is_alive, self._settings()
+                self.root,
+                self.accounting.token,
+                self.accounting.is_alive,
+                self._settings(),
+                self.counters.snapshot,
             )
             self.accounting.open_scan()
 
@@ -169,10 +172,6 @@ class RecordStore:
             "digest": options.digest,
             "durability": options.durability,
         }
-
-    def _persist_counters(self, force: bool = False) -> None:
-        if self._counter_file is not None:
-            self._counter_file.maybe_flush(self.counters.snapshot, force)
 
     def register_namespace(self, namespace: Namespace) -> Namespace:
         """Creates the namespace's directory and description (idempotent) and returns it; a
@@ -222,7 +221,6 @@ class RecordStore:
         self.index.touch_many_head_last(
             [(namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok]
         )
-        self._persist_counters()
         return results
 
     def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
@@ -369,7 +367,6 @@ class RecordStore:
             return [False] * len(keys)
         self.namespaces.refresh(namespace)
         results = self.writer.put_many(namespace, keys, datas, on_published)
-        self._persist_counters()
         return results
 
     # ----------------------------------------------------------------- deletion
@@ -563,7 +560,6 @@ class RecordStore:
         if self.flusher is not None:
             self.flusher.close()
         self.pins.close()
-        self._persist_counters(force=True)
         with contextlib.suppress(OSError):
             self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()

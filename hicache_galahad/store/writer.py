@@ -34,6 +34,7 @@ from ..record.namespace import Namespace
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .budget import Budget
 from .eviction import LruIndex
+from .journal import JournalItem
 from .layout import StoreLayout, record_filename
 from .payload import IOV_MAX
 from .quarantine import Quarantine
@@ -356,7 +357,7 @@ class RecordWriter:
         for item in pending:
             with contextlib.suppress(OSError, TypeError):
                 inode = os.fstat(item.fd).st_ino
-                items.append((item.filename, inode, item.total_bytes, item.page_bytes))
+                items.append(JournalItem(item.filename, inode, item.total_bytes, item.page_bytes))
 
         def link_all() -> int:
             for item in pending:

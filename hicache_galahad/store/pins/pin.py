@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ...record.namespace import Namespace
-from ..layout import OPEN_FLAGS, accounted_bytes, create_temp, record_filename
+from ..layout import accounted_bytes, record_filename
+from ..safe_files import OPEN_FLAGS, create_temp
 from .limits import PinLimits
 from .state import count, journal, locked, settle, state_total
 from .tree import (

@@ -25,7 +25,8 @@ import json
 import os
 from typing import NamedTuple
 
-from ..layout import accounted_bytes, create_temp, is_record_name, open_regular
+from ..layout import accounted_bytes, is_record_name
+from ..safe_files import create_temp, open_regular
 from .tree import (
     DOCS_DIR,
     LOCK_FILE,

@@ -29,8 +29,9 @@ import threading
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from ...errors import PinsDirError
-from ..layout import NotRegularFileError, accounted_bytes, open_regular
+from ...errors import NotARegularFileError, PinsDirError
+from ..layout import accounted_bytes
+from ..safe_files import open_regular
 
 PINS_DIR = "pins"
 LOCK_FILE = "lock"
@@ -111,7 +112,7 @@ def read_json(name: str, dir_fd: int):
     (a FIFO, a link), too large, not JSON, or nested too deep to parse."""
     try:
         fd = open_regular(name, dir_fd=dir_fd)
-    except (FileNotFoundError, NotRegularFileError):
+    except (FileNotFoundError, NotARegularFileError):
         return None
     try:
         raw = os.read(fd, STATE_MAX_BYTES + 1)
