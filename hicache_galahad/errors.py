@@ -16,6 +16,10 @@
                            size): a miss or False, counted as a refusal, never as a bug
       PinsDirError         a directory under `<root>/pins/` is a link or not a directory: the
                            pin operation is refused (also a NotADirectoryError)
+      OperatorError        a condition an operator can meet (no store there, a read-only
+                           disk): `galahad` prints one line and exits 2
+        ServerError        warm/ready: no server there, or one that answers too slowly, too
+                           much, or something malformed
 
 Data errors never leave the store: a record that raises a FormatError is a miss.
 """
@@ -75,3 +79,13 @@ class RefusedRequest(GalahadError, ValueError):
 class PinsDirError(GalahadError, NotADirectoryError):
     """A directory under `<root>/pins/` is a symbolic link or not a directory: never
     followed, the operation is refused (store/pins/tree.py)."""
+
+
+class OperatorError(GalahadError):
+    """A condition an operator can meet (no store there, a read-only disk, a bad argument):
+    the `galahad` command prints it in one line and exits 2."""
+
+
+class ServerError(OperatorError):
+    """`warm`/`ready`: no SGLang server at the address, or one that answers past the deadline,
+    more than the size cap, or something malformed; or no namespace of it under the root."""
