@@ -40,7 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import hicache_galahad  # noqa: E402
 from bench import serving  # noqa: E402
 from bench.bench_store import machine  # noqa: E402
-from hicache_galahad.ops.warm import page_keys  # noqa: E402
+from hicache_galahad.warming.keys import page_keys  # noqa: E402
 
 PAGE_SIZE = 16
 PAPER_BREAK_EVEN = 16  # questions, time (the paper: 13 for energy)

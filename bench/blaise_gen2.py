@@ -634,10 +634,20 @@ def build_case(articles, seed: int, split: str, hard: bool):
     """(docs, facts): the corpus with every fact at depth 1% + 98% i / 99 and its decoys
     at random sentence starts at least DECOY_DISTANCE bytes away."""
     rng = random.Random(f"gen2/{split}/{seed}")
-    datas = [text.encode() for _, text in articles]
-    words = {w.lower() for data in datas for w in re.findall(rb"[A-Za-z]+", data)}
-    names = Names({w.decode() for w in words})
+    names = corpus_names(articles)
     facts = make_facts(rng, names, split, hard)
+    return place(articles, facts, rng)
+
+
+def corpus_names(articles) -> Names:
+    """A name maker whose names are absent from the corpus' words."""
+    words = {w.lower() for _, text in articles for w in re.findall(r"[A-Za-z]+", text)}
+    return Names(words)
+
+
+def place(articles, facts: list[Fact], rng):
+    """(docs, facts): `facts` inserted as build_case says (also used by blaise_gen3.py)."""
+    datas = [text.encode() for _, text in articles]
     starts = []  # (global offset, doc index, offset in doc)
     base = 0
     for number, data in enumerate(datas):

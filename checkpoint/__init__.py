@@ -1,4 +1,5 @@
-"""The hybrid hit policy: how many pages every pool of a prompt can restore.
+"""The hybrid hit policy (how many pages every pool of a prompt can restore) and where a
+hybrid's checkpoints land (the grid, the prefill plan that `galahad warm` sends).
 
 Pure Python: importing this package never imports torch or SGLang, so the policy can be
 read, tested and reused without a GPU. See docs/CHECKPOINTS.md for the rule it implements.

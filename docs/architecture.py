@@ -51,6 +51,7 @@ MUTED = "#555555"
 GROUP_STYLE = {  # one colour per layer of packages
     "ops": ("#efefef", "#6b6b6b"),
     "serving": ("#e8f0fb", "#3b6ea8"),
+    "warming": ("#fbeee4", "#b0602a"),
     "blaise": ("#f8ecf4", "#9c4a7c"),
     "tier": ("#f3ecf8", "#7b4fa0"),
     "store": ("#fdf6e3", "#a07800"),
@@ -627,8 +628,11 @@ def module_map(canvas: Canvas, y: float, modules, rules, checked) -> float:
 
     gap = 40
     ops_bottom = box("ops", MAP_SPLIT + 10, MAP_RIGHT, y)
-    blaise_top = ops_bottom + gap
-    imports_arrow(MAP_SPLIT + 40, ops_bottom, blaise_top)
+    warming_top = ops_bottom + gap
+    imports_arrow(MAP_SPLIT + 40, ops_bottom, warming_top)
+    warming_bottom = box("warming", MAP_SPLIT + 10, MAP_RIGHT, warming_top)
+    blaise_top = warming_bottom + gap
+    imports_arrow(MAP_SPLIT + 40, warming_bottom, blaise_top)
     blaise_bottom = box("blaise", MAP_SPLIT + 10, MAP_RIGHT, blaise_top)
     serving_bottom = box(
         "serving",

@@ -2,6 +2,8 @@
 
 `hicache_galahad.GalahadStorage` is the SGLang backend class; it is imported lazily so that
 the record store (`hicache_galahad.store`) works without torch or sglang installed.
+`hicache_galahad.warm()` and `ready()` (the warming package) warm a corpus through a running
+server and say what a request would restore now.
 """
 
 __version__ = "0.1.0"
@@ -21,8 +23,8 @@ def __getattr__(name):
         from .record.namespace import Namespace
 
         return Namespace
-    if name in ("warm", "ready"):  # ops/warm.py: warm a corpus, say what is ready
-        from .ops import warm as warm_module
+    if name in ("warm", "ready"):  # warming/: warm a corpus, say what is ready
+        from . import warming
 
-        return getattr(warm_module, name)
+        return getattr(warming, name)
     raise AttributeError(f"module 'hicache_galahad' has no attribute {name!r}")

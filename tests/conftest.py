@@ -1,11 +1,12 @@
 """Fixtures shared by the test modules.
 
-Helper functions live in import-only modules next to this file: tests/records.py (records on
-disk, page keys, key files), tests/store_helpers.py (record store tests and their child
-processes), tests/sglang_pools.py (real SGLang host pools and backends), tests/hybrid_models.py
-(tiny transformers hybrid models) and tests/e2e_support.py (real SGLang servers on CPU). The
-fixtures import them only when a test asks for one, so that collecting a test that needs neither
-torch nor SGLang imports neither.
+Helper functions live in import-only modules in tests/support/: records.py (records on disk,
+page keys, key files), store_helpers.py (record store tests, their child processes and the
+store's consistency check), sglang_pools.py (real SGLang host pools and backends),
+hybrid_models.py (tiny transformers hybrid models), checkpoints.py (the checkpoint rule, the
+tests' oracle) and mooncake_cluster.py; tests/e2e_support.py is the harness of real SGLang
+servers on CPU (bench/sglang_server.py). The fixtures import them only when a test asks for
+one, so that collecting a test that needs neither torch nor SGLang imports neither.
 
 Markers (pyproject.toml): `e2e` on every test that starts an SGLang server, `slow` on every
 other test that starts a model process or a real Mooncake cluster, or runs long. `make
@@ -35,6 +36,40 @@ def galahad(tmp_path):
     yield make
     for backend in opened:
         backend.close()
+
+
+@pytest.fixture
+def store_factory(tmp_path):
+    """open(root=None, *, check=True, **options) -> RecordStore on tmp_path / "store" unless
+    another root is given (options as StoreOptions takes them). After the test every store made is closed, and every root whose stores asked for
+    it is checked by the store's own check, read-only: no damaged or unverifiable record, no
+    stray temp file, no reservation left, and the ledger equal to the disk
+    (support.store_helpers.assert_store_consistent). A test that leaves damage on purpose
+    passes check=False."""
+    from support.store_helpers import assert_store_consistent
+
+    from hicache_galahad.store import RecordStore
+
+    opened = []
+    checked_roots: dict[str, dict] = {}
+
+    def open_store(root=None, *, check=True, **options):
+        root = str(root or tmp_path / "store")
+        store = RecordStore(root, **options)
+        opened.append(store)
+        if check:
+            key_file = options.get("encryption_key_file")
+            checked_roots.setdefault(root, {"encryption_key_file": key_file})
+        else:
+            checked_roots[root] = None  # one store left damage there on purpose
+        return store
+
+    yield open_store
+    for store in opened:
+        store.close()
+    for root, options in checked_roots.items():
+        if options is not None:
+            assert_store_consistent(root, **options)
 
 
 @pytest.fixture(scope="session")

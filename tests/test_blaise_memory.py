@@ -230,8 +230,8 @@ def test_a_damaged_section_is_skipped_and_reported(tmp_path, caplog):
         memory.add("orchard.txt", ORCHARD)
         question = "How long is the Quorvane Bridge?"
         target = memory.select(question)[0]
-        # the record holding the section: a block of the document's sections (all of them
-        # here: the document is far below BLOCK_BYTES), so every section in it fails
+        # the record holding the section: the document's one block, which (the document
+        # being far below BLOCK_BYTES) is in its manifest's record, so every section fails
         ref = next(
             r for r in memory._manifests["harbour.md"][1].sections if r.start == target.start
         )
@@ -245,12 +245,13 @@ def test_a_damaged_section_is_skipped_and_reported(tmp_path, caplog):
         assert memory.read("harbour.md") is None  # a document with a damaged part is not served
         assert memory.select(question).skipped == []  # dropped from the index: reported once
         assert len(sections) > 2
+        assert ref.key == memory._manifests["harbour.md"][0]  # inline: the manifest's record
     with caplog.at_level(logging.WARNING), open_memory(tmp_path) as memory:
-        assert [s.what for s in memory.skipped] == ["section"] * len(sections)
-        assert ("section", target.start) in [(s.what, s.start) for s in memory.skipped]
+        # reopened, the manifest (whose record it is) fails its check: the document is a miss
+        assert [(s.what, s.doc_id) for s in memory.skipped] == [("manifest", "harbour.md")]
         found = memory.select(question)
         assert all("4,381" not in s.text for s in found)
-        assert memory.documents() == ["harbour.md", "orchard.txt"]
+        assert memory.documents() == ["orchard.txt"]
         assert memory.read("orchard.txt") == ORCHARD.encode()
 
 

@@ -336,3 +336,118 @@ def test_among_sections_naming_the_subject_what_they_state_decides():
     ranker.add(0, fact)
     ranker.add(1, decoy)
     assert ranker.search("how many men were underground at the mine", 1)[0][0] in (0, 1)
+
+
+# ---------------------------------------------------------------- issue 33: answer types
+
+
+@pytest.mark.parametrize(
+    "question, kind",
+    [
+        ("Which craftsman created the Brainsis bell?", AnswerType.PERSON),  # PERSON_NOUNS
+        ("How large was the staff of the Pruto mine?", AnswerType.TALLY),  # GROUP_NOUNS
+        ("How big an audience fits inside the hall?", AnswerType.TALLY),
+        ("How much did the hall set its owners back?", AnswerType.COUNT),  # "set": a verb here
+        ("How long did the Faspos Accord survive?", AnswerType.LONG),
+        ("How long is the canal?", AnswerType.LONG),
+        ("How much land does the hall take up?", AnswerType.AMOUNT),  # round 2
+        ("How much water can the tank hold?", AnswerType.AMOUNT),
+        ("How much money was spent on the hall?", AnswerType.MONEY),
+        ("How much does the bell weigh?", AnswerType.COUNT),  # a verb follows: the lexicon's
+        ("How much of the land is forest?", AnswerType.COUNT),
+    ],
+)
+def test_question_types_from_wordnet_noun_files(question, kind):
+    assert question_type(question) is kind
+
+
+def test_a_quantity_is_a_measure_or_a_count_never_money():
+    from hicache_galahad.blaise.attributes import holds_amount
+
+    assert holds_amount("The hall covers 5,446 square metres.")
+    assert holds_amount("The tank holds 40 litres.")
+    assert not holds_amount("The hall cost £16.1 million to build.")
+    assert not holds_amount("The hall cost 16,000 dollars.")
+    assert not holds_amount("The hall seats 3,998 spectators.")  # a count: the ranker takes it
+
+
+def test_units_of_time_and_of_two_words():
+    """WordNet files time apart from its units of measurement: '34 years' stated nothing,
+    and '929 square metres' was read as a tally (its first word alone is no unit)."""
+    from hicache_galahad.blaise.attributes import holds_measure
+    from hicache_galahad.blaise.attributes_data import GLOSSED, UNITS
+
+    assert UNITS["year"] == ["duration"] and UNITS["hour"] == ["duration"]
+    assert "frame" not in UNITS  # a unit of time, but not its first sense
+    assert GLOSSED["pay"] == {"money": 0.25}  # "give money ...": monetary_value pertains to it
+    assert holds_measure("The accord remained in force for 34 years.", "duration")
+    assert not holds_measure("The shaft is 1,479 metres deep.", "duration")
+    assert holds_tally("The floor of the hall spans 929 square metres.") is False
+    assert holds("It lasted 6 years.", AnswerType.LONG, set()) is False  # the ranker adds it
+
+
+@pytest.mark.parametrize(
+    "question, fact, decoy",
+    [
+        (
+            "What did the city pay for the Paindgrum Hall?",
+            "The Paindgrum Hall cost £61.5 million to build.",
+            "The floor of the Paindgrum Hall spans 935 square metres.",
+        ),
+        (
+            "Which craftsman created the Pearkmouthsteth bell?",
+            "Vealzath Zordrunsouth cast the Pearkmouthsteth bell.",
+            "The Pearkmouthsteth bell was cast in 1957.",
+        ),
+        (
+            "How large was the staff of the Pruto mine?",
+            "The Pruto mine employed 39,924 miners.",
+            "The main shaft of the Pruto mine is 1,031 metres deep.",
+        ),
+        (
+            "How long did the Faspos Accord survive?",
+            "The Faspos Accord remained in force for 6 years.",
+            "The Faspos Accord was signed at Grealgosnoth.",
+        ),
+        (  # round 2: "how much <noun>" asks for a quantity, never for money
+            "How much land does the Proumgrain Hall take up?",
+            "The Proumgrain Hall covers 5,446 square metres.",
+            "The Proumgrain Hall cost £16.1 million to build.",
+        ),
+        (
+            "How much land does the Vusra Hall take up?",
+            "The floor of the Vusra Hall spans 34,475 square metres.",
+            "Building the Vusra Hall cost £96.4 million.",
+        ),
+        (
+            "How many people can the Nummes Hall accommodate?",
+            "The Nummes Hall seats 28,887 spectators.",
+            "The floor of the Nummes Hall spans 929 square metres.",
+        ),
+    ],
+)
+def test_the_same_entitys_other_attribute_loses(question, fact, decoy):
+    """Issue 33: the misses of gen2's train split, each the same entity with another
+    attribute; the decoy first, so that a tie goes to it."""
+    ranker = Ranker()
+    ranker.add(0, decoy)
+    ranker.add(1, fact)
+    for number in range(2, 12):
+        ranker.add(number, FILLER)
+    assert ranker.search(question, 1)[0][0] == 1
+
+
+def test_a_sentence_about_a_near_name_lends_nothing_to_the_subject():
+    """Round 2: a section naming the subject (its cost) beside a near name's sentence that
+    shares the question's other words took the near name's statement as the subject's; the
+    best sentence is now one that names the subject's rarest term, when one does."""
+    ranker = Ranker()
+    ranker.add(
+        0,
+        "The Fundaithfu Hall has 11,744 seats. "
+        "The footprint of the Fundaiehfu Hall is big, at 2,536 square metres.",
+    )
+    ranker.add(1, "The floor of the Fundaithfu Hall spans 40,522 square metres.")
+    for number in range(2, 12):
+        ranker.add(number, FILLER)
+    assert ranker.search("How big is the footprint of the Fundaithfu Hall?", 1)[0][0] == 1

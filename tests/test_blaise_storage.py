@@ -40,21 +40,32 @@ def blaise_records(root: Path) -> list[Path]:
     return record_files(root / "blaise")
 
 
-def test_a_document_is_a_few_records_not_one_per_section(tmp_path):
+@pytest.mark.parametrize("paragraphs", [400, 4000])
+def test_a_document_is_a_few_records_not_one_per_section(tmp_path, paragraphs):
     """add() wrote one record per section, each fsynced: 291 files and 0.6-1.1 s for the
-    434 KB benchmark corpus. Now: its blocks (64 KiB each) and its manifest in one batch,
-    then one catalog entry."""
-    text = long_document()
+    434 KB benchmark corpus. Then: its blocks (64 KiB each) and its manifest in one batch,
+    then one catalog entry. Now: one batch, the entry last; and a document of one block
+    (most are) is one record with its manifest, so two files in all (issue 33: a file per
+    record is what add() costs per document)."""
+    text = long_document(paragraphs)
     with Blaise(str(tmp_path), budget_tokens=60, min_tokens=5) as memory:
         sections = memory.add("notes.md", text)
         assert len(sections) > 100
         blocks = len(pack_blocks([(s.start, s.end) for s in sections]))
         assert blocks <= 1 + len(text.encode()) // (BLOCK_BYTES // 2)
-        assert len(blaise_records(tmp_path)) == blocks + 2  # + manifest + log entry
+        inline = blocks == 1
+        assert inline == (paragraphs == 400)
+        # blocks (none apart when inline) + manifest + log entry
+        assert len(blaise_records(tmp_path)) == (0 if inline else blocks) + 2
         assert FACT in memory.select("How long is the Quorvane Bridge?")[0].text
     with Blaise(str(tmp_path), budget_tokens=60, min_tokens=5) as memory:
         assert memory.read("notes.md") == text.encode() and memory.skipped == []
         assert FACT in memory.select("How long is the Quorvane Bridge?")[0].text
+        memory.add("notes.md", text + "A last line.\n")  # replaced: the old records go
+        memory.remove("other.md")
+        assert len(blaise_records(tmp_path)) == (0 if inline else blocks) + 3
+        memory.remove("notes.md")
+        assert len(blaise_records(tmp_path)) == 3  # the catalog entries only
 
 
 def test_pack_blocks_is_greedy_and_keeps_a_large_section_alone():
@@ -76,16 +87,21 @@ def test_equal_blocks_at_two_offsets_keep_their_own_offsets(tmp_path):
         assert memory.skipped == [] and memory.read("wall.txt") == data.encode()
 
 
-def test_a_catalog_entry_that_outlived_its_blocks_is_a_miss(tmp_path, caplog):
+@pytest.mark.parametrize("inline", [True, False])
+def test_a_catalog_entry_that_outlived_its_blocks_is_a_miss(tmp_path, caplog, inline):
     """Deferred durability: a power loss may keep the catalog entry and lose (or zero, or
     truncate) the blocks it names. Each of these is a miss, with a warning; the document is not
-    served and other documents are."""
+    served and other documents are. A document of one block is one record with its manifest
+    (inline): losing it loses the manifest."""
+    filler = "" if inline else long_document(3000).replace(FACT, "")  # two blocks and more
     for damage in ("missing", "zeroed", "truncated"):
         root = tmp_path / damage
         with Blaise(str(root)) as memory:
-            memory.add("lost.md", "# Lost\n\n" + FACT + "\n")
+            memory.add("lost.md", "# Lost\n\n" + FACT + "\n" + filler)
             memory.add("kept.md", "# Kept\n\nThe orchard holds 212 apple trees.\n")
-            (ref,) = memory._manifests["lost.md"][1].sections
+            key, manifest = memory._manifests["lost.md"]
+            ref = manifest.sections[0]
+            assert (ref.key == key) == inline
             path = Path(record_path(root / "blaise", memory._records.namespace, ref.key))
         size = path.stat().st_size
         if damage == "missing":
@@ -95,8 +111,11 @@ def test_a_catalog_entry_that_outlived_its_blocks_is_a_miss(tmp_path, caplog):
         else:
             os.truncate(path, size // 2)
         with caplog.at_level(logging.WARNING), Blaise(str(root)) as memory:
-            assert [(s.what, s.doc_id) for s in memory.skipped] == [("section", "lost.md")]
-            assert memory.read("lost.md") is None
+            skipped = {(s.what, s.doc_id) for s in memory.skipped}
+            assert skipped == {("manifest" if inline else "section", "lost.md")}
+            assert memory.documents() == (["kept.md"] if inline else ["lost.md", "kept.md"])
+            if not inline:
+                assert memory.read("lost.md") is None
             found = memory.select("How long is the Quorvane Bridge?")
             assert all("4,381" not in s.text for s in found)
             assert memory.select("How many apple trees?")[0].doc_id == "kept.md"

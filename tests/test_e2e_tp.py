@@ -323,8 +323,9 @@ def run_scenario(spec: Model, tmp_path: Path) -> dict:
     server = spec.serve(model_dir, root, tmp_path, "restart")
     try:
         # What `galahad ready` says from the store alone (every rank's namespace, or the
-        # shared MLA one) is what the server then restores.
-        (readiness,) = hicache_galahad.ready(server.url, [prompt], root=str(root))
+        # shared MLA one) is what the server then restores (no probe: its prefix would stay
+        # in the device cache and the request below reuse it from there).
+        (readiness,) = hicache_galahad.ready(server.url, [prompt], root=str(root), probe=False)
         assert readiness.restorable_tokens == restored_tokens, readiness
         restored = e2e.generate(server, prompt, MAX_NEW_TOKENS)
         e2e.assert_cached(restored, storage=restored_tokens)

@@ -1,7 +1,8 @@
 """`galahad warm` and `galahad ready` against real SGLang 0.5.23 servers on CPU with
 GalahadStorage: warm (and pin) a document, SIGKILL the server's process group, restart it,
 `ready` says how many tokens a request restores, and the request's
-`cached_tokens_details.storage` agrees, for the tiny Llama and the tiny hybrid Qwen3-Next (KV
+`cached_tokens_details.storage` agrees (and `ready`'s probe finds the restarted server
+restoring), for the tiny Llama and the tiny hybrid Qwen3-Next (KV
 pages plus recurrent-state checkpoints on the grid C = 64). One server start per phase (four in
 all); the whole file ran in 207 s on 2 shared cores (Llama 112 s, hybrid 94 s)."""
 
@@ -110,10 +111,17 @@ def test_llama_warm_pin_sigkill_restart_ready(tiny_model, tmp_path):
         expected = (len(ids) - 1) // PAGE_SIZE * PAGE_SIZE  # strict prefix, whole pages
         assert state["restorable_tokens"] == expected
         assert state["continuation_tokens"] == num_pages * PAGE_SIZE
+        # the probe (issue 31): the first 12 tokens (SGLang loads back no fewer than 10) and
+        # one more, restored from storage by the restarted server
+        probe = json.loads(ready.stdout)["server_probe"]
+        assert probe["verdict"] == "restored", probe
+        assert probe["storage_tokens"] == probe["expected_tokens"] == 12
         with RecordStore(str(root), read_only=True) as store:  # the pins outlived the kill
             assert store.pinned_bytes_by_tenant()["default"] >= num_pages * 1024
         (api,) = hicache_galahad.ready(server.url, [doc], root=str(root))
         assert api.restorable_tokens == expected
+        assert api.probe.verdict == "in_memory"  # the first probe left its prefix there
+        e2e.flush_cache(server)  # so that the request below can only reuse storage
         result = e2e.generate(server, ids, 4)
         e2e.assert_cached(result, storage=expected)  # what ready said, from storage
         e2e.assert_storage_healthy(server)
@@ -152,6 +160,9 @@ def test_hybrid_warm_restart_ready(hybrid_model, tmp_path):
     try:
         states = hicache_galahad.ready(server.url, documents, root=str(root))
         assert [s.restorable_tokens for s in states] == [64, 128]
+        probe = states[0].probe  # the first checkpoint past prefetch_threshold, and a token
+        assert (probe.verdict, probe.expected_tokens, probe.storage_tokens) == ("restored", 64, 64)
+        e2e.flush_cache(server)  # the probe's prefix: from storage again
         for (_, ids), state in zip(documents, states, strict=True):
             result = e2e.generate(server, ids, 4)
             e2e.assert_cached(result, storage=state.restorable_tokens)

@@ -27,13 +27,6 @@ PAYLOAD = b"hello, galahad!\n"
 CIPHER = RecordCipher(derive_tenant_key(bytes(range(32)), "example-tenant"))
 
 
-def decompress(payload, raw_len):
-    try:
-        return zstandard.ZstdDecompressor().decompress(payload, max_output_size=raw_len)
-    except zstandard.ZstdError as error:
-        raise fmt.DecompressionError(str(error)) from error
-
-
 def record(raw=PAYLOAD, *, digest_alg=fmt.DIGEST_XXH3_128, compress=False, cipher=None) -> bytes:
     header, chunks = fmt.encode_record(
         raw,
@@ -51,7 +44,6 @@ def decode(data, **overrides):
         key=KEY,
         namespace=NAMESPACE.digest,
         cipher=CIPHER,
-        decompress=decompress,
     )
     arguments.update(overrides)
     return verifier.decode_record(data, **arguments)

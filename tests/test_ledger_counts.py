@@ -21,15 +21,9 @@ from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore, accounting
-from hicache_galahad.store.ledger import (
-    _HEAD,
-    _NS_ENTRY,
-    _NS_HEAD,
-    MAGIC,
-    QUARANTINE_DIRNAME,
-    Journal,
-    _State,
-)
+from hicache_galahad.store.journal import Journal, JournalItem
+from hicache_galahad.store.layout import QUARANTINE_DIRNAME
+from hicache_galahad.store.ledger_state import HEAD, MAGIC, NS_ENTRY, NS_HEAD, LedgerState
 
 ALICE = Namespace("alice", "model", "kv", {"parallel": {"tp_rank": 3, "tp_size": 8}})
 BOB = Namespace("bob", "model", "kv", {"parallel": {"tp_rank": None, "tp_size": 2}})
@@ -101,8 +95,8 @@ def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path):
 
 
 def test_a_put_counts_its_logical_bytes_without_reading_a_header(tmp_path, monkeypatch):
-    """The writer hands the ledger each record's page bytes (the 4th item of a publication),
-    so no header is read back after the locked section: exact and free."""
+    """The writer hands the ledger each record's page bytes (JournalItem.logical_bytes), so
+    no header is read back: exact and free."""
     root = str(tmp_path / "store")
     with RecordStore(root, durability="none") as store:
         store.register_namespace(ALICE)
@@ -125,13 +119,16 @@ def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tm
         path = Path(root, "ledger")
         ns_dir = Path(root, "ns", ALICE.dirname)
         names = sorted(p.name for p in ns_dir.glob("*.rec"))[:2]
-        items = [(n, (ns_dir / n).stat().st_ino, _accounted((ns_dir / n).stat())) for n in names]
+        items = [
+            JournalItem(n, (ns_dir / n).stat().st_ino, _accounted((ns_dir / n).stat()))
+            for n in names
+        ]
         # As if a writer "deadbeef..." had journaled these two and died before counting
         # them: take them out of the ledger's figures, and leave its journal.
-        state = _State.parse(path.read_bytes())
-        for _name, _, size in items:
-            state.committed -= size
-            state.count_removed(ALICE.dirname, 1, size)
+        state = LedgerState.parse(path.read_bytes())
+        for item in items:
+            state.committed -= item.size_bytes
+            state.count_removed(ALICE.dirname, 1, item.size_bytes)
         state.journal = Journal("0badc0de" + "12345678", ALICE.dirname, items, Journal.PUBLISH)
         path.write_bytes(state.pack())
         assert kept_counts(store) == disk_counts(root)  # recovered under the lock
@@ -143,7 +140,7 @@ def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tm
 
 def _old_ledger(root, committed: int) -> None:
     """A ledger as written before the counts existed (GLEDGER2: head and entries only)."""
-    Path(root, "ledger").write_bytes(_HEAD.pack(MAGIC, committed, 0, 0))
+    Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, committed, 0, 0))
 
 
 def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path, capsys):
@@ -158,7 +155,7 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
         assert store.accounting.ledger.namespace_counts() is None
         fill(store, ALICE, 2, start=50)  # updates keep the counts unknown, never wrong
         assert store.accounting.ledger.namespace_counts() is None
-        assert Path(root, "ledger").read_bytes()[-_NS_HEAD.size :] == _NS_HEAD.pack(b"GNS1", 0, 0)
+        assert Path(root, "ledger").read_bytes()[-NS_HEAD.size :] == NS_HEAD.pack(b"GNS1", 0, 0)
         report = ops.stats_report(store)
         assert report["counts"] == "walk" and report["records"] == 8  # falls back, says so
     assert cli.main(["stats", "--root", root]) == 0
@@ -174,34 +171,34 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
 @pytest.mark.parametrize(
     "tail",
     [
-        _NS_HEAD.pack(b"GNS1", 2, 1) + b"\0" * _NS_ENTRY.size,  # a table shorter than its count
-        _NS_HEAD.pack(b"GNSX", 0, 1),  # not the table's magic
-        _NS_HEAD.pack(b"GNS1", 0, 2),  # a flag no version defines
+        NS_HEAD.pack(b"GNS1", 2, 1) + b"\0" * NS_ENTRY.size,  # a table shorter than its count
+        NS_HEAD.pack(b"GNSX", 0, 1),  # not the table's magic
+        NS_HEAD.pack(b"GNS1", 0, 2),  # a flag no version defines
         b"\0" * 5,  # bytes that are no table
     ],
 )
 def test_a_damaged_count_table_is_a_damaged_ledger_recounted(tmp_path, tail):
-    assert _State.parse(_HEAD.pack(MAGIC, 5, 0, 0) + tail) is None
+    assert LedgerState.parse(HEAD.pack(MAGIC, 5, 0, 0) + tail) is None
     root = str(tmp_path / "store")
     with RecordStore(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 3)
-        Path(root, "ledger").write_bytes(_HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
+        Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
         assert store.usage_bytes() == store.checker.disk_bytes()  # recounted from disk
         assert kept_counts(store) == disk_counts(root)
 
 
 def test_a_table_entry_is_the_directory_name_and_four_counts():
-    state = _State.parse(
-        _HEAD.pack(MAGIC, 300, 0, 0)
-        + _NS_HEAD.pack(b"GNS1", 1, 1)
-        + _NS_ENTRY.pack(bytes.fromhex("ab" * 16), 2, 300, 250, 7)
+    state = LedgerState.parse(
+        HEAD.pack(MAGIC, 300, 0, 0)
+        + NS_HEAD.pack(b"GNS1", 1, 1)
+        + NS_ENTRY.pack(bytes.fromhex("ab" * 16), 2, 300, 250, 7)
     )
     assert state.counted_bytes() == 300
     assert state.counts["ab" * 16].as_tuple() == (2, 300, 250, 7)
     assert state.pack() == (
-        _HEAD.pack(MAGIC, 300, 0, 0)
-        + _NS_HEAD.pack(b"GNS1", 1, 1)
+        HEAD.pack(MAGIC, 300, 0, 0)
+        + NS_HEAD.pack(b"GNS1", 1, 1)
         + struct.pack("<16sQQQQ", bytes.fromhex("ab" * 16), 2, 300, 250, 7)
     )
 
@@ -220,8 +217,8 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
         fill(store, ALICE, 20)
         path = Path(root, "ledger")
         data = bytearray(path.read_bytes())
-        _, committed, *rest = _HEAD.unpack_from(data, 0)
-        _HEAD.pack_into(data, 0, MAGIC, committed + 30 * record, *rest)
+        _, committed, *rest = HEAD.unpack_from(data, 0)
+        HEAD.pack_into(data, 0, MAGIC, committed + 30 * record, *rest)
         path.write_bytes(bytes(data))
         monkeypatch.setattr(store.accounting, "_last_rebuild_s", 1e18)  # no recount due yet
         assert not store.put(ALICE, key(999), b"x" * PAGE)  # refused ...
@@ -278,7 +275,7 @@ def test_format_doc_names_the_ledger_as_the_code_writes_it():
     section = doc[doc.index("## The ledger") : doc.index("## Validation rules")]
     for magic in (MAGIC, b"GLEDGER3", b"GNS1"):
         assert f"`{magic.decode()}`" in section
-    assert _NS_ENTRY.size == 16 + 4 * 8 and "16 bytes" in section and "u64 each" in section
+    assert NS_ENTRY.size == 16 + 4 * 8 and "16 bytes" in section and "u64 each" in section
     assert QUARANTINE_DIRNAME == "0" * 32 and "`000...0`" in section
     assert {
         kind.decode() for kind in (Journal.PUBLISH, Journal.DELETE, Journal.TRIM, Journal.MOVE)
@@ -315,21 +312,21 @@ def test_the_table_is_changed_in_place_and_bounded():
     """An update finds its one entry (the table is never decoded whole on a put); a table
     at MAX_NAMESPACES, or records in a directory that is no namespace's, make the counts
     unknown rather than wrong."""
-    from hicache_galahad.store.ledger import MAX_NAMESPACES, NamespaceCount
+    from hicache_galahad.store.ledger_state import MAX_NAMESPACES, NamespaceCount
 
     names = [f"{index:032x}" for index in range(1, MAX_NAMESPACES + 1)]
-    state = _State(len(names))
+    state = LedgerState(len(names))
     state.set_counts({name: NamespaceCount(1, 1, 1, 1) for name in names})
     raw = state.pack()
-    state = _State.parse(raw)
+    state = LedgerState.parse(raw)
     state.count_added(names[-1], 2, 20, 10, 5)
-    assert state.pack()[: -_NS_ENTRY.size] == raw[: -_NS_ENTRY.size]  # one entry changed
+    assert state.pack()[: -NS_ENTRY.size] == raw[: -NS_ENTRY.size]  # one entry changed
     assert state.counts[names[-1]].as_tuple() == (3, 21, 11, 5)
     state.count_removed(names[0], 1, 1)  # its last record: the entry goes
     assert names[0] not in state.counts and state.counted_bytes() == len(names) - 1 + 20
     state.count_added(names[0], 1, 1, 1)
     state.count_added("f" * 32, 1, 1, 1)  # one namespace too many
     assert not state.counts_complete and state.counted_bytes() is None
-    state = _State.parse(raw)
+    state = LedgerState.parse(raw)
     state.count_added("not-a-namespace", 1, 1, 1)
     assert not state.counts_complete

@@ -27,7 +27,7 @@ from support.store_helpers import helper_env
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
-from hicache_galahad.store.ledger import QUARANTINE_DIRNAME
+from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 
 pytestmark = pytest.mark.slow
 NAMESPACE = Namespace("truth", "model", "kv", {})

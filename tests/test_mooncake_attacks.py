@@ -21,6 +21,7 @@ from support.sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
 from hicache_galahad.config.options import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
+from hicache_galahad.record import compression
 from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore
 from hicache_galahad.tier.mooncake.integrity import ValueTag, ValueTagError
@@ -296,17 +297,16 @@ def test_a_zstd_bomb_is_refused_before_decompressing_and_removed(keyed, peer, cl
     ]
     for key, record in zip(keys, records, strict=True):
         assert peer.replace(keyed.name(key), cluster.tagged(keyed.name(key), record)) == 0
-    codec = keyed.store.local.codec
     decompressed = []
-    real = codec.decompress
-    codec.decompress = lambda payload, raw_len: (
+    real = compression.decompress
+    compression.decompress = lambda payload, raw_len: (
         decompressed.append(raw_len) or real(payload, raw_len)
     )
     started = time.monotonic()
     try:
         assert keyed.read(keys) == [False, False]
     finally:
-        del codec.decompress
+        compression.decompress = real
     assert time.monotonic() - started < 2.0
     assert decompressed == []  # refused on the lengths claimed, before a byte was inflated
     wait_gone(peer, [keyed.name(key) for key in keys])

@@ -23,7 +23,7 @@ from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore, accounting, namespaces
 from hicache_galahad.store.layout import record_filename
-from hicache_galahad.store.ledger import _HEAD, MAGIC
+from hicache_galahad.store.ledger_state import HEAD, MAGIC
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
@@ -114,7 +114,7 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
 
         def rewrite_ledger() -> None:
             data = bytearray(ledger.read_bytes())
-            _HEAD.pack_into(data, 0, MAGIC, 1 << 60, *_HEAD.unpack_from(data, 0)[2:])
+            HEAD.pack_into(data, 0, MAGIC, 1 << 60, *HEAD.unpack_from(data, 0)[2:])
             ledger.write_bytes(bytes(data))
 
         # No recount since the open: the ledger is recounted from disk at once, nothing goes.

@@ -11,8 +11,6 @@ import pytest
 from support.records import store_disk_bytes, temp_files
 from support.store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
-from hicache_galahad.store import RecordStore
-
 THREADS = 8
 
 
@@ -21,7 +19,7 @@ def overlapping_items(count: int = 64) -> dict:
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_eight_threads_mixed_operations(tmp_path, compression):
+def test_eight_threads_mixed_operations(tmp_path, compression, store_factory):
     root = str(tmp_path / "store")
     items = overlapping_items()
     keys = list(items)
@@ -29,7 +27,7 @@ def test_eight_threads_mixed_operations(tmp_path, compression):
     stats = {"hits": 0, "misses": 0, "puts_ok": 0}
     stats_lock = threading.Lock()
     start = threading.Barrier(THREADS)
-    with RecordStore(root, compression=compression, durability="none", io_threads=8) as store:
+    with store_factory(root, compression=compression, durability="none", io_threads=8) as store:
         store.register_namespace(NS_A)
 
         def worker(index: int) -> None:
@@ -96,14 +94,14 @@ def test_eight_threads_mixed_operations(tmp_path, compression):
         assert report.clean and report.records == len(keys), report.as_dict()
 
 
-def test_two_store_instances_in_one_process_share_the_ledger(tmp_path):
+def test_two_store_instances_in_one_process_share_the_ledger(tmp_path, store_factory):
     """Two instances on one root (as two SGLang ranks in one process would be) racing on
     the same keys: each record published once, the shared ledger exact."""
     root = str(tmp_path / "store")
     items = overlapping_items(48)
     keys = list(items)
-    first = RecordStore(root, durability="none")
-    second = RecordStore(root, durability="none", compression="zstd")
+    first = store_factory(root, durability="none")
+    second = store_factory(root, durability="none", compression="zstd")
     try:
         for store in (first, second):
             store.register_namespace(NS_A)
@@ -137,11 +135,11 @@ def test_two_store_instances_in_one_process_share_the_ledger(tmp_path):
 
 
 @pytest.mark.parametrize("durable", [1, 0], ids=["durable", "not-durable"])
-def test_two_processes_write_same_and_different_keys(tmp_path, durable):
+def test_two_processes_write_same_and_different_keys(tmp_path, durable, store_factory):
     root = str(tmp_path / "store")
     go_file = str(tmp_path / "go")
     shared, own, size = 60, 40, 20_000
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)  # the namespace exists before the writers race
     with children() as procs:
         for prefix in ("w1", "w2"):
@@ -182,7 +180,7 @@ def test_two_processes_write_same_and_different_keys(tmp_path, durable):
     expected = {f"shared-{i}": size + i for i in range(shared)}
     for prefix in ("w1", "w2"):
         expected |= {f"{prefix}-{i}": size + i for i in range(own)}
-    with RecordStore(root) as reader:  # a fresh reader, alone on the root
+    with store_factory(root) as reader:  # a fresh reader, alone on the root
         for key, key_size in expected.items():
             assert checked_get(reader, NS_A, key, content(key, key_size)), key
         report = reader.check()

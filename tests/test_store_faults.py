@@ -224,8 +224,8 @@ def test_read_fault_is_a_transient_miss(store, monkeypatch, calls, size):
     assert store.check().clean
 
 
-def test_statvfs_failure_with_min_free_fails_the_put_cleanly(tmp_path, monkeypatch):
-    with RecordStore(str(tmp_path / "store"), min_free_bytes=1, durability="none") as store:
+def test_statvfs_failure_with_min_free_fails_the_put_cleanly(tmp_path, monkeypatch, store_factory):
+    with store_factory(tmp_path / "store", min_free_bytes=1, durability="none") as store:
         store.register_namespace(NS_A)
         Fault(monkeypatch, "statvfs", errno.EIO)
         assert store.put(NS_A, "k", b"k" * 100) is False

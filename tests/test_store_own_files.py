@@ -31,7 +31,7 @@ from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.layout import record_filename
-from hicache_galahad.store.ledger import _ENTRY, _HEAD, MAGIC
+from hicache_galahad.store.ledger_state import ENTRY, HEAD, MAGIC
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 ALICE = Namespace("alice", "model", "kv", {"page_bytes": 4096})
@@ -326,7 +326,9 @@ def test_close_is_bounded_even_when_an_fsync_never_returns(tmp_path, monkeypatch
     flusher = Flusher(0.05, Counters())
     monkeypatch.setattr(os, "fsync", stuck_fsync)
     try:
-        flusher.add(str(tmp_path), ["a.rec"])
+        dir_fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+        flusher.add(dir_fd, str(tmp_path), ["a.rec"])
+        os.close(dir_fd)
         time.sleep(0.3)  # the background flush is now stuck in fsync
         errors = []
 
@@ -433,8 +435,8 @@ def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(tmp_path):
 
 
 def _write_ledger(root: Path, committed: int, entries: list[tuple[bytes, int]]) -> None:
-    raw = _HEAD.pack(MAGIC, committed, len(entries), 0)
-    raw += b"".join(_ENTRY.pack(token, reserved) for token, reserved in entries)
+    raw = HEAD.pack(MAGIC, committed, len(entries), 0)
+    raw += b"".join(ENTRY.pack(token, reserved) for token, reserved in entries)
     (root / "ledger").write_bytes(raw)
 
 

@@ -12,8 +12,6 @@ import pytest
 from support.records import record_path, store_disk_bytes, temp_files, write_key_file
 from support.store_helpers import NS_A, checked_get, content, hex_key, run_json
 
-from hicache_galahad.store import RecordStore
-
 
 def sample_items(count: int = 40) -> list:
     """(key, size, compressible): hex and free-form keys, 1 byte .. ~300 KB, some packable."""
@@ -26,7 +24,7 @@ def sample_items(count: int = 40) -> list:
 
 @pytest.mark.parametrize("mode", ["plain", "zstd", "aes-zstd"])
 @pytest.mark.parametrize("writer_open", [True, False], ids=["writer-open", "writer-closed"])
-def test_a_new_process_sees_every_record(tmp_path, mode, writer_open):
+def test_a_new_process_sees_every_record(tmp_path, mode, writer_open, store_factory):
     root = str(tmp_path / "store")
     key_file = None
     if mode.startswith("aes"):
@@ -35,7 +33,7 @@ def test_a_new_process_sees_every_record(tmp_path, mode, writer_open):
     items = sample_items()
     items_file = tmp_path / "items.json"
     items_file.write_text(json.dumps(items))
-    store = RecordStore(root, compression=compression, encryption_key_file=key_file)
+    store = store_factory(root, compression=compression, encryption_key_file=key_file)
     try:
         store.register_namespace(NS_A)
         keys = [key for key, _, _ in items]
@@ -56,7 +54,7 @@ def test_a_new_process_sees_every_record(tmp_path, mode, writer_open):
             assert store.usage_bytes() == store_disk_bytes(root)
     finally:
         store.close()
-    with RecordStore(root, encryption_key_file=key_file) as reopened:
+    with store_factory(root, encryption_key_file=key_file) as reopened:
         report = reopened.check()
         assert report.clean and report.records == len(items), report.as_dict()
 
@@ -67,11 +65,11 @@ def _identity(path: str) -> tuple:
 
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
-def test_reput_of_an_existing_key_does_not_rewrite(tmp_path, compression):
+def test_reput_of_an_existing_key_does_not_rewrite(tmp_path, compression, store_factory):
     root = str(tmp_path / "store")
     keys = [f"again-{index}" for index in range(4)]
     datas = [content(key, 50_000, compressible=True) for key in keys]
-    with RecordStore(root, compression=compression) as store:
+    with store_factory(root, compression=compression) as store:
         store.register_namespace(NS_A)
         assert store.put_many(NS_A, keys, datas) == [True] * 4
         paths = [record_path(root, NS_A, key) for key in keys]
@@ -87,7 +85,7 @@ def test_reput_of_an_existing_key_does_not_rewrite(tmp_path, compression):
         assert [_identity(path) for path in paths] == identities
         assert store.usage_bytes() == ledger
     # And from a store opened later (another "process" lifetime) on the same root.
-    with RecordStore(root, compression=compression) as store:
+    with store_factory(root, compression=compression) as store:
         assert store.put(NS_A, keys[1], datas[1]) is True
         assert store.counters.snapshot()["puts"] == 0
         assert [_identity(path) for path in paths] == identities
@@ -97,12 +95,13 @@ def test_reput_of_an_existing_key_does_not_rewrite(tmp_path, compression):
 
 
 @pytest.mark.slow
-def test_open_a_store_of_100k_records(tmp_path):
+def test_open_a_store_of_100k_records(tmp_path, store_factory):
     root = str(tmp_path / "store")
     count = 100_000
     size = 64
     started = time.perf_counter()
-    with RecordStore(root, durability="none") as store:
+    # check=False: the root is removed at the end (100k files), nothing is left to check.
+    with store_factory(root, check=False, durability="none") as store:
         store.register_namespace(NS_A)
         put = store.put
         for index in range(count):

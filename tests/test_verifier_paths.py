@@ -4,7 +4,7 @@ rule of docs/FORMAT.md it names.
 
 The paths: the page-cache read (`RecordReader.read_cached_into`, which only serves or
 declines), the full read (`read_into`, on the I/O threads), the check of `galahad verify`
-(`verify_file`, every way it reads: a small file whole in one read, checked by one comparison
+(`reader.files.verify`, every way it reads: a small file whole in one read, checked by one comparison
 when it is a plain page or else rule by rule, and a larger one streamed piece by piece), a
 Mooncake value (`decode_value`: the record held in memory), the
 store's silent check (`RecordStore.verify`) and the writer's "already stored?" check (which
@@ -119,7 +119,9 @@ class Paths:
     def cached_read(self) -> tuple[bool, bytes]:
         out = bytearray(PAGE)
         served = self.reader.read_cached_into(NS, KEY, out, record_filename(KEY))
-        return served, bytes(out)
+        if served is not True and served is not None:
+            served.close()  # (what it opened, for the full read)
+        return served is True, bytes(out)
 
     def entry(self):
         return next(
@@ -130,20 +132,20 @@ class Paths:
 
     def whole_check(self) -> str:
         """verify_file as it reads a record of a page: the file whole, in one read."""
-        return _rule(lambda: self.reader.verify_file(self.entry(), NS))
+        return _rule(lambda: self.reader.files.verify(self.entry(), NS))
 
     def rules_check(self, data: bytes) -> str:
         """What verify_file does with a file read whole when the one-comparison check of a
         plain page (a 64-hex key, like KEY) declines it: every rule, one by one."""
-        return _rule(lambda: self.reader._verify_whole(self.entry(), NS, data))
+        return _rule(lambda: self.reader.files._verify_whole(self.entry(), NS, data))
 
     def streaming_check(self) -> str:
         """verify_file as it reads a record larger than a read: piece by piece."""
-        self.reader.verify_whole_max_bytes = 0
+        self.reader.files.verify_whole_max_bytes = 0
         try:
-            return _rule(lambda: self.reader.verify_file(self.entry(), NS))
+            return _rule(lambda: self.reader.files.verify(self.entry(), NS))
         finally:
-            del self.reader.verify_whole_max_bytes
+            del self.reader.files.verify_whole_max_bytes
 
     def mooncake_value(self, data: bytes) -> tuple[str, bytes | None]:
         result = []
@@ -264,9 +266,9 @@ def test_verify_reads_a_record_of_a_page_in_one_read(world, monkeypatch):
     monkeypatch.setattr(os, "fstat", counted("fstat", os.fstat))
     monkeypatch.setattr(os, "pread", counted("pread", os.pread))
     for limit, whole in ((entry.size_bytes, True), (entry.size_bytes - 1, False)):
-        paths.reader.verify_whole_max_bytes = limit
+        paths.reader.files.verify_whole_max_bytes = limit
         calls.update(fstat=0, pread=0)
-        paths.reader.verify_file(entry, NS)  # sound: no error
+        paths.reader.files.verify(entry, NS)  # sound: no error
         assert calls["fstat"] == 1, calls
         assert (calls["pread"] == 1) is whole, (limit, calls)
 
@@ -342,7 +344,7 @@ def test_check_with_threads_gives_the_same_report(tmp_path):
         os.fsync(fd)
         os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         os.close(fd)
-    store.reader.verify_whole_max_bytes = 32_768
+    store.reader.files.verify_whole_max_bytes = 32_768
     reports = [store.check(threads=threads).as_dict() for threads in (1, 4, 1)]
     for report in reports:
         for name in ("elapsed_s", "records_per_s", "mb_per_s"):

@@ -1,9 +1,10 @@
-"""ops/warm.py without a server: the page keys are SGLang's own (its storage hash chain, with
-the request's extra key and cache salt), the namespaces are the server's ranks, and `ready`'s
-arithmetic (the leading run over SGLang's strict prefix, the deepest checkpoint, the prefill
-plan that puts a hybrid's checkpoints on the grid) agrees with the checkpoint rule's oracle.
-The server side (warm, SIGKILL, restart, ready against the restored tokens SGLang reports) is
-tests/test_e2e_warm.py."""
+"""The warming package without a model server: the page keys are SGLang's own (its storage hash
+chain, with the request's extra key and cache salt), the namespaces are the server's ranks (and
+only its own when another server shares the weights), and `ready`'s arithmetic (the leading run
+over SGLang's strict prefix, the deepest checkpoint) agrees with the checkpoint rule's oracle.
+The prefill plan is tests/test_checkpoint_prefill.py's; a hostile or broken server,
+tests/test_warm_server.py's; the real server side (warm, SIGKILL, restart, ready against the
+restored tokens SGLang reports) is tests/test_e2e_warm.py."""
 
 from __future__ import annotations
 
@@ -17,9 +18,15 @@ import pytest
 from support.checkpoints import CheckpointGrid, restorable_boundary
 from support.records import page_keys as oracle_page_keys
 
-from hicache_galahad.ops import warm
+from hicache_galahad.errors import ServerError
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.warming.documents import Document, section_prefixes
+from hicache_galahad.warming.keys import page_keys
+from hicache_galahad.warming.namespaces import RankNamespaces, server_namespaces
+from hicache_galahad.warming.profile import ServerProfile
+from hicache_galahad.warming.readiness import readiness
+from hicache_galahad.warming.targets import HttpTarget, as_target
 
 MODEL = "/models/tiny"
 FINGERPRINT = "fp-tiny"
@@ -49,7 +56,7 @@ def sglang_storage_hash():
 def test_page_keys_are_sglangs_storage_chain(sglang_storage_hash, page_size, extra_key, cache_salt):
     rng = random.Random(page_size)
     tokens = [rng.randrange(0, 150_000) for _ in range(5 * page_size + page_size // 2)]
-    ours = warm.page_keys(tokens, page_size, extra_key=extra_key, cache_salt=cache_salt)
+    ours = page_keys(tokens, page_size, extra_key=extra_key, cache_salt=cache_salt)
     theirs = sglang_storage_hash(tokens, page_size, extra_key, cache_salt)
     assert ours == theirs[: len(tokens) // page_size]  # SGLang also hashes a trailing part
     assert len(ours) == len(tokens) // page_size
@@ -57,51 +64,29 @@ def test_page_keys_are_sglangs_storage_chain(sglang_storage_hash, page_size, ext
 
 def test_wide_token_pages_follow_sglang(sglang_storage_hash):
     tokens = [1, 2, 3, 1 << 33, 5, 6, 7, 8]
-    assert warm.page_keys(tokens, 4) == sglang_storage_hash(tokens, 4)
+    assert page_keys(tokens, 4) == sglang_storage_hash(tokens, 4)
     with pytest.raises(ValueError):
-        warm.page_keys([1, -2, 3, 4], 4)
+        page_keys([1, -2, 3, 4], 4)
 
 
 def test_default_namespace_keys_are_the_record_names_the_server_writes():
     """tests/support/records.page_keys is the chain test_e2e_hybrid holds the server's record
     file names to; in the default namespace ours are the same keys."""
     tokens = list(range(10, 173))
-    assert warm.page_keys(tokens, 16) == oracle_page_keys(tokens, 16)
-    assert warm.page_keys(tokens, 16, cache_salt="t")[0] != oracle_page_keys(tokens, 16)[0]
-
-
-# ----------------------------------------------------------------------------- arithmetic
-
-
-@pytest.mark.parametrize(
-    "length,plan",
-    [(63, [63]), (64, [64]), (65, [65]), (128, [64, 128]), (163, [163]), (192, [128, 192])],
-)
-def test_prefill_plan_puts_checkpoints_where_prompts_need_them(length, plan):
-    assert warm.prefill_plan(length, 64) == plan
-    # every plan leaves a state at the strict-prefix bound and at the last grid position
-    points = {(page + 1) * 16 for page in warm.state_pages(plan, 64, 16)}
-    wanted = {warm.strict_prefix_bound(length, 64), 64 * (length // 64)} - {0}
-    assert wanted <= points
-
-
-def test_prefill_plan_checkpoint_every():
-    assert warm.prefill_plan(300, 64, checkpoint_every=128) == [128, 256, 300]
-    with pytest.raises(ValueError, match="multiple of the checkpoint grid C=64"):
-        warm.prefill_plan(300, 64, checkpoint_every=100)
-
-
-def test_checkpoint_interval_is_sglangs_grid():
-    assert warm.checkpoint_interval(16) == 64 and warm.checkpoint_interval(128) == 128
+    assert page_keys(tokens, 16) == oracle_page_keys(tokens, 16)
+    assert page_keys(tokens, 16, cache_salt="t")[0] != oracle_page_keys(tokens, 16)[0]
 
 
 # ----------------------------------------------------------------------------- the store
 
 
-def kv_namespace(tp_rank=0, tp_size=1, *, tenant="default", page_size=4, dtypes=DTYPES):
+def kv_namespace(
+    tp_rank=0, tp_size=1, *, tenant="default", page_size=4, dtypes=DTYPES, model_name=MODEL, **more
+):
     geometry = {
+        **more,
         "page_size": page_size,
-        "model_name": MODEL,
+        "model_name": model_name,
         "parallel": {"tp_size": tp_size, "tp_rank": tp_rank},
         "serving_dtypes": dtypes,
     }
@@ -113,23 +98,24 @@ def state_namespace(kv: Namespace, tp_rank=0) -> Namespace:
     return Namespace(kv.tenant, FINGERPRINT, "mamba", geometry)
 
 
-def profile(page_size=4, tp_size=1, tenant="default") -> warm.ServerProfile:
+def profile(page_size=4, tp_size=1, tenant="default", served_model_name=None) -> ServerProfile:
     extra = json.dumps({"root": "/r", "tenant": tenant, "model_fingerprint": FINGERPRINT})
     args = {
         "model_path": MODEL,
+        "served_model_name": served_model_name,
         "page_size": page_size,
         "tp_size": tp_size,
         "hicache_storage_backend_extra_config": extra,
         **{name: (None if value == "None" else value) for name, value in DTYPES.items()},
     }
-    return warm.ServerProfile.from_args(args)
+    return ServerProfile.from_args(args)
 
 
 def test_server_profile_from_server_info():
     seen = profile(page_size=16, tp_size=2, tenant="acme")
     assert (seen.page_size, seen.tp_size, seen.tenant, seen.root) == (16, 2, "acme", "/r")
     assert seen.model_fingerprint == FINGERPRINT and seen.dtypes == DTYPES
-    bare = warm.ServerProfile.from_args({"model_path": MODEL})
+    bare = ServerProfile.from_args({"model_path": MODEL})
     assert (bare.tenant, bare.root, bare.page_size) == ("default", None, 1)
 
 
@@ -143,12 +129,40 @@ def test_server_namespaces_are_its_ranks(tmp_path):
         store.register_namespace(kv_namespace(0, 1))
         store.register_namespace(Namespace("default", "other-model", "kv", ranks[0].geometry))
         store.register_namespace(kv_namespace(1, 2, dtypes={**DTYPES, "dtype": "float32"}))
-        found = warm.server_namespaces(store, profile(tp_size=2))
+        found = server_namespaces(store, profile(tp_size=2))
     assert [rank.kv for rank in found] == ranks
     assert [rank.states for rank in found] == [[states[0]], [states[1]]]
     with RecordStore(str(tmp_path), read_only=True) as store:
-        assert warm.server_namespaces(store, profile(tp_size=2), tenant="bob")[0].kv.tenant == "bob"
-        assert warm.server_namespaces(store, profile(tp_size=4)) == []
+        assert server_namespaces(store, profile(tp_size=2), tenant="bob")[0].kv.tenant == "bob"
+        assert server_namespaces(store, profile(tp_size=4)) == []
+
+
+def test_a_server_gets_its_own_namespaces_when_another_serves_the_same_weights(tmp_path):
+    """Issue 32 item 3: the same weights (one fingerprint, tenant, page and TP size) served
+    under another name or mount path write other namespaces (SGLang puts the served model name
+    in the pool's storage config, `model_name` of the geometry). Each server gets its own;
+    before, both got the first in sort order, so `ready` answered for the other server and
+    `warm --pin` pinned the other's pages."""
+    with RecordStore(str(tmp_path)) as store:
+        mine = store.register_namespace(kv_namespace())
+        chat = store.register_namespace(kv_namespace(model_name="chat"))
+        tagged = store.register_namespace(kv_namespace(model_name="qa-unified-token-major"))
+        for served, expected in ((None, mine), (MODEL, mine), ("chat", chat), ("qa", tagged)):
+            found = server_namespaces(store, profile(served_model_name=served))
+            assert [rank.kv for rank in found] == [expected], served
+        assert server_namespaces(store, profile(served_model_name="nobody")) == []
+
+
+def test_two_namespaces_that_could_both_be_the_servers_are_refused(tmp_path):
+    """Same name, tenant, model, sizes and dtypes, another pool geometry (another host layout):
+    which one the server writes cannot be told from the root, so ready and warm refuse in one
+    line instead of answering for either."""
+    with RecordStore(str(tmp_path)) as store:
+        first = store.register_namespace(kv_namespace(layout="page_first"))
+        second = store.register_namespace(kv_namespace(layout="page_first_direct"))
+        with pytest.raises(ServerError, match="2 namespaces .* match this server") as error:
+            server_namespaces(store, profile())
+    assert first.dirname in str(error.value) and second.dirname in str(error.value)
 
 
 def fill(store, namespace, keys, pages):
@@ -158,33 +172,32 @@ def fill(store, namespace, keys, pages):
 
 def test_ready_is_the_leading_run_over_the_strict_prefix(tmp_path):
     tokens = list(range(100, 144))  # 44 tokens, 11 pages of 4
-    keys = warm.page_keys(tokens, 4)
+    keys = page_keys(tokens, 4)
     with RecordStore(str(tmp_path)) as store:
         kv = store.register_namespace(kv_namespace())
-        rank = [warm.RankNamespaces("0", kv)]
+        rank = [RankNamespaces("0", kv)]
         fill(store, kv, keys, range(11))
-        whole = warm.readiness(store, rank, keys, 44, 4)
+        whole = readiness(store, rank, keys, 44, 4)
         # a request of exactly the 44 tokens reuses at most 43: 10 whole pages
         assert (whole.restorable_tokens, whole.continuation_tokens) == (40, 44)
         assert (whole.pages_stored, whole.pages_expected, whole.hybrid) == (11, 11, False)
-        assert warm.readiness(store, rank, keys[:10], 43, 4).restorable_tokens == 40
+        assert readiness(store, rank, keys[:10], 43, 4).restorable_tokens == 40
         store.delete(kv, keys[5])  # a hole: only the run before it restores
-        holed = warm.readiness(store, rank, keys, 44, 4)
+        holed = readiness(store, rank, keys, 44, 4)
         assert (holed.restorable_tokens, holed.continuation_tokens) == (20, 20)
         assert holed.pages_stored == 10
 
 
 def test_ready_needs_every_rank(tmp_path):
     tokens = list(range(40))
-    keys = warm.page_keys(tokens, 4)
+    keys = page_keys(tokens, 4)
     with RecordStore(str(tmp_path)) as store:
         ranks = [
-            warm.RankNamespaces(str(r), store.register_namespace(kv_namespace(r, 2)))
-            for r in (0, 1)
+            RankNamespaces(str(r), store.register_namespace(kv_namespace(r, 2))) for r in (0, 1)
         ]
         fill(store, ranks[0].kv, keys, range(10))
         fill(store, ranks[1].kv, keys, range(6))
-        seen = warm.readiness(store, ranks, keys, 40, 4)
+        seen = readiness(store, ranks, keys, 40, 4)
     assert (seen.restorable_tokens, seen.pages_stored) == (24, 6)
 
 
@@ -192,19 +205,19 @@ def test_ready_for_a_hybrid_is_the_deepest_checkpoint_below_n(tmp_path):
     """P = 16, C = 64 (the measured matrix of test_e2e_hybrid: 128 tokens with a state only
     at 128 restore 0; with one at 64 too, 64; 163 tokens, 128)."""
     tokens = list(range(10, 173))
-    keys = warm.page_keys(tokens, 16)
+    keys = page_keys(tokens, 16)
     with RecordStore(str(tmp_path)) as store:
         kv = store.register_namespace(kv_namespace(page_size=16))
         state = store.register_namespace(state_namespace(kv))
-        rank = [warm.RankNamespaces("0", kv, [state])]
+        rank = [RankNamespaces("0", kv, [state])]
         fill(store, kv, keys, range(8))
         fill(store, state, keys, [7])
-        at_128 = warm.readiness(store, rank, keys[:8], 128, 16)
+        at_128 = readiness(store, rank, keys[:8], 128, 16)
         assert (at_128.restorable_tokens, at_128.continuation_tokens) == (0, 128)
         assert at_128.checkpoints == [128] and at_128.hybrid
         fill(store, state, keys, [3])
-        assert warm.readiness(store, rank, keys[:8], 128, 16).restorable_tokens == 64
-        assert warm.readiness(store, rank, keys[:8], 163, 16).restorable_tokens == 128
+        assert readiness(store, rank, keys[:8], 128, 16).restorable_tokens == 64
+        assert readiness(store, rank, keys[:8], 163, 16).restorable_tokens == 128
 
 
 def test_ready_agrees_with_the_checkpoint_oracle(tmp_path):
@@ -213,12 +226,12 @@ def test_ready_agrees_with_the_checkpoint_oracle(tmp_path):
     page, interval = 16, 64
     grid = CheckpointGrid(page_size_tokens=page, interval_tokens=interval)
     tokens = list(range(1000, 1200))
-    keys = warm.page_keys(tokens, page)
+    keys = page_keys(tokens, page)
     grid_pages = [interval // page * k - 1 for k in (1, 2, 3)]
     with RecordStore(str(tmp_path)) as store:
         kv = store.register_namespace(kv_namespace(page_size=page))
         state = store.register_namespace(state_namespace(kv))
-        rank = [warm.RankNamespaces("0", kv, [state])]
+        rank = [RankNamespaces("0", kv, [state])]
         fill(store, kv, keys, range(len(keys)))
         for count in range(len(grid_pages) + 1):
             for with_state in itertools.combinations(grid_pages, count):
@@ -227,7 +240,7 @@ def test_ready_agrees_with_the_checkpoint_oracle(tmp_path):
                 fill(store, state, keys, with_state)
                 for length in range(1, 200, 7):
                     usable = keys[: interval * (length // interval) // page]
-                    seen = warm.readiness(store, rank, usable, length, page)
+                    seen = readiness(store, rank, usable, length, page)
                     expected = restorable_boundary(length, grid, len(usable), set(with_state))
                     assert seen.restorable_tokens == expected, (length, with_state)
 
@@ -250,10 +263,10 @@ def test_no_server_is_one_line_and_exit_2(tmp_path):
 
 
 def test_as_target_refuses_other_things():
-    assert isinstance(warm.as_target("http://x:1/"), warm.HttpTarget)
-    assert warm.as_target("http://x:1/").url == "http://x:1"
+    assert isinstance(as_target("http://x:1/"), HttpTarget)
+    assert as_target("http://x:1/").url == "http://x:1"
     with pytest.raises(TypeError):
-        warm.as_target(42)
+        as_target(42)
 
 
 # ----------------------------------------------------------------------------- sections
@@ -273,7 +286,7 @@ def test_section_prefixes_are_the_prefixes_blaise_prompt_composes(tiny_model, tm
         for n in range(4)
     )
     name = str(tmp_path / "handbook.md")
-    prefixes = warm.section_prefixes(warm.Document(name, text), tokenizer, 16)
+    prefixes = section_prefixes(Document(name, text), tokenizer, 16)
     with Blaise(str(tmp_path / "memory")) as memory:
         sections = memory.add(name, text)
         assert len(prefixes) == len(sections) > 1
@@ -302,6 +315,6 @@ def test_an_engines_profile_comes_from_its_real_server_args(tiny_model):
         hicache_storage_backend_extra_config=extra,
     )
     engine = SimpleNamespace(server_args=args, generate=None, tokenizer_manager=None)
-    seen = warm.as_target(engine).profile()
+    seen = as_target(engine).profile()
     assert (seen.page_size, seen.root, seen.tenant) == (4, "/srv/galahad", "acme")
     assert seen.model_path == str(tiny_model)

@@ -23,11 +23,22 @@ the lexicon above (kilogram -> metric weight unit, "a decimal unit of weight bas
 gram" -> weight; hectare -> area; degree Celsius -> temperature). A sentence that states "4,381
 kilograms" states a weight though no attribute word is in it.
 
+Units of time (issue 33): WordNet files them under measure, not under unit of measurement,
+so the hyponyms of `time unit` (15154774) and the synsets directly under `time period`
+(15113229: year, decade, century) are units too, each lemma only where that unit is its
+first sense (not frame); their nearest hypernyms name duration.
+
 First senses (GLOSSED), from WordNet's index files, which list a word's senses most frequent
 first: for a word not in the lexicon, the attributes that the definition of its first sense
 (as a noun, a verb, an adjective) names, at half their weight, when that definition names an
 attribute (a lemma of its synset: weigh, "have a certain weight" -> weight; load, "weight to
-be borne or conveyed" -> weight).
+be borne or conveyed" -> weight), or a noun that an adjective of such a lemma pertains to
+(monetary_value -> monetary -> money: pay, "give money ..." -> money).
+
+Person and group nouns (PERSON_NOUNS, GROUP_NOUNS): the single-word nouns whose first sense
+is in the noun.person (or noun.group) lexicographer file and was seen in WordNet's
+sense-tagged corpus ("which craftsman" asks for a person; "how large was the staff" for a
+count of members).
 """
 
 from __future__ import annotations
@@ -165,22 +176,37 @@ def build(synsets) -> dict[str, dict[str, float]]:
 
 
 UNIT_ROOT = ("n", "13583724")  # unit_of_measurement, unit
+# WordNet files time apart, under measure (not under unit of measurement): its units, and the
+# periods directly under time_period (year, decade, century: not the named ones below them)
+UNIT_ROOTS = {UNIT_ROOT: 12, ("n", "15154774"): 12, ("n", "15113229"): 1}  # root -> depth
+UNIT_ROOT_LEMMAS = ("unit_of_measurement", "time_unit", "time_period")
 
 
-def build_units(synsets, lexicon) -> dict[str, list[str]]:
-    """unit lemma -> the attributes it measures (see the module notes)."""
-    if "unit_of_measurement" not in synsets[UNIT_ROOT][0]:
-        raise SystemExit(f"synset {UNIT_ROOT} is {synsets[UNIT_ROOT][0]}, not a unit")
+def build_units(synsets, lexicon, senses) -> dict[str, list[str]]:
+    """unit lemma -> the attributes it measures (see the module notes). Under the roots of
+    time, a lemma counts only where the unit is its first sense (year, hour; not frame, whose
+    first sense is a picture)."""
+    for root, lemma in zip(UNIT_ROOTS, UNIT_ROOT_LEMMAS, strict=True):
+        if lemma not in synsets[root][0]:
+            raise SystemExit(f"synset {root} is {synsets[root][0]}, not {lemma}")
     word_attributes: dict[str, dict[str, float]] = defaultdict(dict)
     for attribute, words in lexicon.items():
         for word, weight in words.items():
             word_attributes[word][attribute] = weight
     units: dict[str, set[str]] = defaultdict(set)
-    for key in _closure(synsets, UNIT_ROOT, ("~", "~i"), depth=12):
+    of_time = set().union(
+        *(
+            _closure(synsets, root, ("~", "~i"), depth)
+            for root, depth in UNIT_ROOTS.items()
+            if root != UNIT_ROOT
+        )
+    )
+    members = of_time | _closure(synsets, UNIT_ROOT, ("~", "~i"), UNIT_ROOTS[UNIT_ROOT])
+    for key in sorted(members):
         found, current = None, key
         for _ in range(12):
             hypernyms = [(p, t) for s, p, t, _, _ in synsets[current][1] if s in ("@", "@i")]
-            if not hypernyms or current == UNIT_ROOT:
+            if not hypernyms or current in UNIT_ROOTS:
                 break
             current = hypernyms[0]
             lemmas, _, gloss = synsets[current]
@@ -195,6 +221,8 @@ def build_units(synsets, lexicon) -> dict[str, list[str]]:
                 break
         if found:
             for lemma in synsets[key][0]:
+                if key in of_time and senses.get(("n", lemma)) != key[1]:
+                    continue
                 units[lemma].update(found)
     return {lemma: sorted(units[lemma]) for lemma in sorted(units)}
 
@@ -226,6 +254,7 @@ def build_glossed(synsets, lexicon, senses) -> dict[str, dict[str, float]]:
     names: set[str] = set()  # the attribute synsets' own lemmas
     for offset, _ in INVENTORY.values():
         names.update(synsets[("n", offset)][0])
+    names |= pertained_nouns(synsets, names)
     glossed: dict[str, dict[str, float]] = {}
     for (pos, word), offset in sorted(senses.items()):
         if not word.isalpha() or word in word_attributes:
@@ -241,6 +270,24 @@ def build_glossed(synsets, lexicon, senses) -> dict[str, dict[str, float]]:
     return glossed
 
 
+def pertained_nouns(synsets, lemmas: set[str]) -> set[str]:
+    """The nouns that the adjectives in collocation lemmas pertain to (WordNet's `\\`
+    pointer): monetary_value -> monetary -> money. A definition that says "money" names the
+    monetary value as surely as one that says "cost" (pay: "give money ...")."""
+    words = {word for lemma in lemmas if "_" in lemma for word in lemma.split("_")}
+    found = set()
+    for (pos, _), (adjective_lemmas, pointers, _) in synsets.items():
+        if pos != "a" or words.isdisjoint(adjective_lemmas):
+            continue
+        for symbol, target_pos, target, source, target_word in pointers:
+            if symbol == "\\" and target_pos == "n":
+                source_lemma = adjective_lemmas[source - 1] if source else None
+                if source_lemma is None or source_lemma in words:
+                    nouns = synsets[(target_pos, target)][0]
+                    found.add(nouns[target_word - 1] if target_word else nouns[0])
+    return found
+
+
 def _closure(synsets, start, symbols, depth=8):
     seen, frontier = set(), [start]
     for _ in range(depth):
@@ -254,7 +301,38 @@ def _closure(synsets, start, symbols, depth=8):
     return seen
 
 
-def render(lexicon, units, glossed) -> str:
+PERSON_LEXFILE = 18  # noun.person in WordNet's lexnames
+GROUP_LEXFILE = 14  # noun.group
+
+
+def lexfile_nouns(directory: str, senses, lexfile: int) -> list[str]:
+    """The nouns whose first sense is in WordNet's lexicographer file `lexfile` and has been
+    seen in its sense-tagged corpus (a tag count above 0: craftsman, architect; not the rare
+    ones), single words only. PERSON_NOUNS (noun.person): "Which craftsman ..." asks for a
+    person; GROUP_NOUNS (noun.group): "How large was the staff ..." asks for a count of
+    members."""
+    lexfiles = {}
+    for name in POS_FILES["n"]:
+        path = os.path.join(directory, name)
+        if os.path.exists(path):
+            with open(path, encoding="utf-8", errors="replace") as data:
+                for line in data:
+                    if not line.startswith("  "):
+                        offset, number = line.split(maxsplit=2)[:2]
+                        lexfiles[offset] = int(number)
+    found = []
+    with open(os.path.join(directory, INDEX_FILES["n"]), encoding="utf-8") as index:
+        for line in index:
+            fields = line.split()
+            if line.startswith("  ") or not fields[0].isalpha():
+                continue
+            tagged = int(fields[len(fields) - int(fields[2]) - 1])
+            if tagged and lexfiles[senses[("n", fields[0])]] == lexfile:
+                found.append(fields[0])
+    return sorted(found)
+
+
+def render(lexicon, units, glossed, persons, groups) -> str:
     lines = [
         '"""Generated by make_attributes.py from Princeton WordNet 3.0 (see its docstring); do not',
         "edit. WordNet 3.0 Copyright 2006 by Princeton University, used under its license, which",
@@ -281,6 +359,15 @@ def render(lexicon, units, glossed) -> str:
     for word, found in glossed.items():
         lines.append(f"    {json.dumps(word)}: {json.dumps(dict(sorted(found.items())))},")
     lines.append("}")
+    lines.append("")
+    lines.append("# nouns whose first sense is a person or a group (noun.person, noun.group;")
+    lines.append("# sense-tagged)")
+    for name, nouns in (("PERSON", persons), ("GROUP", groups)):
+        lines.append(f'_{name}_NOUNS_TEXT = """')
+        for at in range(0, len(nouns), 12):
+            lines.append(" ".join(nouns[at : at + 12]))
+        lines.append('"""')
+        lines.append(f"{name}_NOUNS = frozenset(_{name}_NOUNS_TEXT.split())")
     return "\n".join(lines) + "\n"
 
 
@@ -290,12 +377,15 @@ def main(argv: list[str]) -> int:
         return 2
     synsets = load(argv[0])
     lexicon = build(synsets)
-    units = build_units(synsets, lexicon)
-    glossed = build_glossed(synsets, lexicon, first_senses(argv[0]))
+    senses = first_senses(argv[0])
+    units = build_units(synsets, lexicon, senses)
+    glossed = build_glossed(synsets, lexicon, senses)
     repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     out = os.path.join(repo, "hicache_galahad", "blaise", "attributes_data.py")
     with open(out, "w", encoding="utf-8") as handle:
-        handle.write(render(lexicon, units, glossed))
+        persons = lexfile_nouns(argv[0], senses, PERSON_LEXFILE)
+        groups = lexfile_nouns(argv[0], senses, GROUP_LEXFILE)
+        handle.write(render(lexicon, units, glossed, persons, groups))
     print(
         f"{out}: {sum(map(len, lexicon.values()))} entries, {len(units)} units, "
         f"{len(glossed)} glossed words"

@@ -1,9 +1,10 @@
 """Expected answer types: what kind of value a question asks for, and whether a sentence holds
-one. Pure code, regular expressions only.
+one. Pure code: regular expressions, and WordNet's person and group nouns (attributes_data.py).
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
-high" for a length, "how many" for a count. A sentence that shares the question's rare words
+high" for a length, "how many" for a count, "how much <noun>" for a quantity of it (a
+measure or a count, not money). A sentence that shares the question's rare words
 (a name) but holds no value of the asked kind is less likely to answer it; this is what
 separates the sentence about an entity's founding year from another about its leader when the
 question words ("established", "created") appear in neither.
@@ -14,6 +15,8 @@ from __future__ import annotations
 import enum
 import re
 
+from .attributes_data import GROUP_NOUNS, PERSON_NOUNS
+
 
 class AnswerType(enum.Enum):
     PERSON = "person"
@@ -23,7 +26,17 @@ class AnswerType(enum.Enum):
     LENGTH = "length"
     COUNT = "count"
     TALLY = "tally"  # how many: a count of things, not a measure (attributes.holds_tally)
+    DURATION = "duration"  # a number of units of time (attributes.holds_measure)
+    LONG = "long"  # how long: a length or a duration
+    AMOUNT = "amount"  # how much <noun>: a quantity in units of measurement (attributes)
 
+
+# words after "how much" that are no noun: "how much did it cost", "how much of the land"
+_FUNCTION_WORDS = (
+    r"do|does|did|is|are|was|were|be|been|has|have|had|can|could|will|would|shall|should|may|"
+    r"might|must|it|its|they|their|this|that|these|those|he|she|we|you|i|of|more|less|in|on|"
+    r"for|to|at|by|from|longer|further|farther|larger|higher|greater|later|earlier|older"
+)
 
 _QUESTION_RULES = (
     (
@@ -42,9 +55,13 @@ _QUESTION_RULES = (
         r"\bhow (much money|expensive|costly)\b|\b(cost|costs|price|sum|money|paid|spent|"
         r"expended|budget|worth)\b",
     ),
+    # "how much <noun>" asks for a quantity of a mass noun ("how much land", "how much
+    # water"): a measure, in units; not money (asked above), not a tally ("how many")
+    (AnswerType.AMOUNT, rf"\bhow much (?!(?:{_FUNCTION_WORDS})\b)[a-z]+\b"),
+    (AnswerType.LONG, r"\bhow long\b"),
     (
         AnswerType.LENGTH,
-        r"\bhow (high|tall|far|long|deep|wide|thick)\b|\b(height|length|distance|elevation|"
+        r"\bhow (high|tall|far|deep|wide|thick)\b|\b(height|length|distance|elevation|"
         r"altitude|width|depth)\b",
     ),
     (AnswerType.TALLY, r"\bhow many\b"),
@@ -102,12 +119,39 @@ _NOT_A_PERSON = re.compile(
 )
 
 
+_ASKED_NOUN = re.compile(r"\b(?:which|what) ([a-z]+)\b", re.I)
+
+
 def question_type(question: str) -> AnswerType | None:
-    """The kind of value `question` asks for, or None when no cue says."""
+    """The kind of value `question` asks for, or None when no cue says. Besides the cue
+    words, "which/what <noun>" asks for a person when the noun's first sense is one
+    (PERSON_NOUNS, from WordNet: "which craftsman"), and a size or number asked of a group
+    (GROUP_NOUNS: "how large was the staff") is a count of its members."""
+    asked = _ASKED_NOUN.search(question)
+    if asked and _singular(asked.group(1).lower()) in PERSON_NOUNS:
+        return AnswerType.PERSON
     for kind, pattern in _QUESTION:
         if pattern.search(question):
+            if kind is AnswerType.COUNT and _names_a_group(question):
+                return AnswerType.TALLY  # the size of a group: a count of its members
             return kind
     return None
+
+
+_DETERMINED = re.compile(r"\b(?:the|a|an|its|their|his|her|this|that) ([a-z]+)\b", re.I)
+
+
+def _names_a_group(question: str) -> bool:
+    """Whether `question` names, after a determiner (where a noun stands: "the staff", not
+    "set ... back"), a noun whose first sense is a group (GROUP_NOUNS, from WordNet: staff,
+    audience, crew)."""
+    return any(_singular(m.group(1).lower()) in GROUP_NOUNS for m in _DETERMINED.finditer(question))
+
+
+def _singular(noun: str) -> str:
+    if noun in PERSON_NOUNS or noun in GROUP_NOUNS or not noun.endswith("s"):
+        return noun
+    return noun[:-2] if noun.endswith(("ches", "shes", "sses")) else noun[:-1]
 
 
 def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
@@ -117,9 +161,9 @@ def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
         return bool(_YEAR.search(sentence))
     if kind is AnswerType.MONEY:
         return bool(_MONEY.search(sentence))
-    if kind is AnswerType.LENGTH:
+    if kind is AnswerType.LENGTH or kind is AnswerType.LONG:  # (a duration: see rank.py)
         return bool(_LENGTH.search(sentence))
-    if kind is AnswerType.COUNT or kind is AnswerType.TALLY:  # (a tally: see attributes)
+    if kind in (AnswerType.COUNT, AnswerType.TALLY, AnswerType.AMOUNT):  # (see attributes)
         return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
     if kind is AnswerType.PLACE:
         return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))

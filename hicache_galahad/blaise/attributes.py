@@ -33,7 +33,7 @@ ANSWER_TYPES = {
     "speed": AnswerType.COUNT,
     "temperature": AnswerType.COUNT,
     "age": AnswerType.YEAR,
-    "duration": AnswerType.COUNT,
+    "duration": AnswerType.DURATION,
 }
 
 
@@ -113,11 +113,48 @@ def holds_tally(sentence: str) -> bool:
         after = (match.group(2) or "").lower()
         if after in ("million", "billion", "thousand") or _MONEY_AT.match(sentence, match.end()):
             continue
-        measured = UNITS.get(after) or UNITS.get(after[:-1]) or UNITS.get(after[:-2])
+        measured = _unit_at(sentence, match)
         if measured and "number" not in measured:
             continue
         return True
     return False
+
+
+def holds_measure(sentence: str, attribute: str) -> bool:
+    """Whether `sentence` holds a number followed by a unit that measures `attribute`
+    ("34 years": a duration; "5,446 square metres": an area)."""
+    return any(attribute in _unit_at(sentence, m) for m in _TALLIED.finditer(sentence))
+
+
+def holds_amount(sentence: str) -> bool:
+    """Whether `sentence` holds a quantity in units of measurement ("how much land": "spans
+    929 square metres", "holds 40 litres"): a number followed by a unit (UNITS) that measures
+    something other than money ("£80 million" and "8,555 seats" are not)."""
+    return any(
+        set(_unit_at(sentence, m)).difference(("money",)) for m in _TALLIED.finditer(sentence)
+    )
+
+
+_NEXT_WORD = re.compile(r"\s+([A-Za-z]+)")
+
+
+def _unit_at(sentence: str, match: re.Match) -> list[str]:
+    """What the unit after a number measures (UNITS; a plural's -s or -es off, and a unit of
+    two words, "square metres", before one of one word); [] when no unit follows."""
+    first = (match.group(2) or "").lower()
+    if not first:
+        return []
+    following = _NEXT_WORD.match(sentence, match.end())
+    if following:
+        pair = f"{first}_{following.group(1).lower()}"
+        found = _unit(pair)
+        if found:
+            return found
+    return _unit(first)
+
+
+def _unit(word: str) -> list[str]:
+    return UNITS.get(word) or UNITS.get(word[:-1]) or UNITS.get(word[:-2]) or []
 
 
 _MONEY_AT = re.compile(r"\s*(dollars?|euros?|pounds?|francs?|marks?|crowns?|yen)\b", re.I)

@@ -17,13 +17,15 @@ from __future__ import annotations
 
 import hashlib
 import logging
+import time
 import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import prompt as prompt_mod
 from .rank import Ranker, RankParams
 from .records import (
+    INLINE,
     MAX_DOC_ID_BYTES,
     MAX_MANIFEST_BYTES,
     MAX_SECTION_BYTES,
@@ -37,6 +39,8 @@ from .records import (
 from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens, segment
 
 log = logging.getLogger(__name__)
+
+WARN_INTERVAL_S = 10.0  # at most one warning per kind of skipped record in this interval
 
 __all__ = ["Blaise", "Selection", "Selections", "Skipped"]
 
@@ -104,6 +108,7 @@ class Blaise:
         # mode 2: doc_id -> (tokenizer, manifest key, the document's index block as token ids)
         self._index_ids: dict[str, tuple[object, str, list[int]]] = {}
         self.skipped: list[Skipped] = []  # everything skipped since open
+        self._warned: dict[str, tuple[float, int]] = {}  # kind -> (last warning, held back)
         self._load()
 
     # ------------------------------------------------------------------ open
@@ -120,18 +125,29 @@ class Blaise:
             texts = []
             datas = self._records.get_sections(manifest.sections)
             for ref, data in zip(manifest.sections, datas, strict=True):
-                if data is None:
+                text = _decoded(data)
+                if text is None:
                     self._skip(Skipped(doc_id, "section", ref.start, ref.end))
-                texts.append(None if data is None else data.decode("utf-8"))
+                texts.append(text)
             self._index(doc_id, key, manifest, texts)
 
     def _skip(self, item: Skipped) -> None:
+        """Counts a record that failed its check (in `skipped`) and warns, at most once per
+        kind of record every WARN_INTERVAL_S (a root of forged or damaged records is not a
+        stream of warnings); the next warning says how many were held back."""
         self.skipped.append(item)
+        now_s = time.monotonic()
+        last_s, held = self._warned.get(item.what, (None, 0))
+        if last_s is not None and now_s - last_s < WARN_INTERVAL_S:
+            self._warned[item.what] = (last_s, held + 1)
+            return
+        self._warned[item.what] = (now_s, 0)
         log.warning(
-            "blaise: %s %s of %r failed its check or is missing: not served",
+            "blaise: %s %s of %r failed its check or is missing: not served%s",
             item.what,
             f"[{item.start}, {item.end})" if item.what == "section" else "",
             item.doc_id,
+            f" ({held} more since the last warning)" if held else "",
         )
 
     def _index(self, doc_id, key, manifest, texts) -> None:
@@ -191,7 +207,8 @@ class Blaise:
         digests = [hashlib.sha256(chunk).hexdigest() for chunk in chunks]
         blocks = pack_blocks([(s.start, s.end) for s in sections])
         block_datas = [data[base:end] for base, end in blocks]
-        block_keys = [block_key(doc_id, block) for block in block_datas]
+        inline = len(blocks) == 1  # one block: it follows the manifest in the same record
+        block_keys = [INLINE] if inline else [block_key(doc_id, b) for b in block_datas]
         refs, number = [], 0
         for section, section_digest in zip(sections, digests, strict=True):
             while section.start >= blocks[number][1]:
@@ -207,20 +224,23 @@ class Blaise:
                 )
             )
         refs = tuple(refs)
+        key, encoded = manifest_record(
+            Manifest(doc_id, len(data), digest, refs), block_datas[0] if inline else None
+        )
+        if inline:  # its sections are read from the manifest's own record
+            refs = tuple(replace(ref, key=key) for ref in refs)
+            block_keys, block_datas = [], []
         manifest = Manifest(doc_id, len(data), digest, refs)
-        key, encoded = manifest_record(manifest)
         if len(encoded) > MAX_MANIFEST_BYTES:
             raise ValueError(
                 f"blaise: the manifest of {doc_id!r} would be {len(encoded)} bytes: over the "
                 f"read cap of {MAX_MANIFEST_BYTES} bytes ({len(refs)} sections; raise "
                 "budget_tokens or split the document)"
             )
-        # the blocks and the manifest in one batch (a few files, published together), then
-        # the catalog entry that names them
-        if not self._records.put_document([*block_keys, key], [*block_datas, encoded]):
-            raise OSError(f"blaise: could not store the sections of {doc_id!r}")
-        if not self._records.append_log({"op": "add", "doc_id": doc_id, "manifest": key}):
-            raise OSError(f"blaise: could not store the manifest of {doc_id!r}")
+        # the blocks, the manifest and the catalog entry that names them: one batch
+        entry = {"op": "add", "doc_id": doc_id, "manifest": key}
+        if not self._records.put_document([*block_keys, key], [*block_datas, encoded], entry):
+            raise OSError(f"blaise: could not store {doc_id!r}")
         self._unindex(doc_id)
         self._index(doc_id, key, manifest, [decoded_slice(data, r) for r in refs])
         if previous is not None:
@@ -244,7 +264,7 @@ class Blaise:
         self._records.sync()
         key, manifest = previous
         for record in dict.fromkeys(ref.key for ref in manifest.sections):
-            if record not in keep:
+            if record not in keep and record != key:
                 self._records.delete_record(record)
         self._records.delete_record(key)
 
@@ -402,6 +422,17 @@ def check_doc_id(doc_id) -> None:
     bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
     if bad is not None:
         raise ValueError(f"blaise: doc_id {doc_id!r:.80} holds the control character {bad!r}")
+
+
+def _decoded(data: bytes | None) -> str | None:
+    """Verified section bytes as text; None if missing or not UTF-8 (a forged manifest may
+    name a slice with its true digest that cuts a character)."""
+    if data is None:
+        return None
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError:
+        return None
 
 
 def decoded_slice(data: bytes, ref: SectionRef) -> str:

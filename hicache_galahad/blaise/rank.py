@@ -5,7 +5,8 @@ stemmer (PyStemmer, a C extension), English stop words and question words remove
 section is scored by
 
     score = BM25(section body + heading path x heading_weight)
-          + sentence_weight * max over its sentences of BM25(sentence)
+          + sentence_weight * max over its sentences of BM25(sentence) (of those that name
+            the question's subject, when it names one and one does)
           + answer_weight * total IDF * [that best sentence holds the kind of value asked for]
           + attribute_weight * IDF in the best sentence * agreement of the attributes the
             question names and those the best sentence names (attributes.py)
@@ -403,9 +404,9 @@ class Ranker:
         hit = np.flatnonzero(tf.any(axis=1))
         if not len(hit):
             return []
-        named = False
+        subject = None
         if params.subject:
-            hit, named = self._about_subject(question, terms, tf, idf, hit)
+            hit, subject = self._about_subject(question, terms, tf, idf, hit)
         ranked = sorted(
             zip(corpus.ids[hit].tolist(), scores[hit].tolist(), strict=True),
             key=lambda kv: (-kv[1], kv[0]),
@@ -423,13 +424,13 @@ class Ranker:
         evidence: dict[int, float] = {}  # answer type held + attribute agreement
         for section, score in candidates:
             sentence_score, sentence, sentence_terms = self._best_sentence(
-                self._sections[section], stem_of, idf
+                self._sections[section], stem_of, idf, subject
             )
             total = score + params.sentence_weight * sentence_score
             evidence[section] = 0.0
-            if wanted is not None and sentence and self._holds(sentence, wanted, question_words):
-                total += params.answer_weight * total_idf
-                evidence[section] += 1.0
+            held = self._holds(sentence, wanted, question_words) if wanted and sentence else 0
+            total += params.answer_weight * total_idf * held
+            evidence[section] += held
             if asked and sentence:
                 # what the sentence states beyond the question's own words
                 stated_terms = set(self.analyzer.terms(_common_words(sentence)))
@@ -441,46 +442,62 @@ class Ranker:
                 total += params.attribute_weight * covered * agree
                 evidence[section] += agree
             fused.append((section, total))
-        if named and params.decisive:
+        if subject is not None and params.decisive:
             # every candidate names the question's subject: what each states decides
             fused.sort(key=lambda kv: (-evidence[kv[0]], -kv[1], kv[0]))
         else:
             fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
 
-    def _holds(self, sentence: str, wanted, question_words) -> bool:
+    def _holds(self, sentence: str, wanted, question_words) -> float:
+        """1.0 when `sentence` holds a value of the kind `wanted`, else 0.0. A quantity ("how
+        much land") is a measure in units or a count (a mass noun is also counted: "how much
+        traffic", "40,000 vehicles a day"), never money or a year."""
+        if wanted is answer.AnswerType.AMOUNT:
+            held = attributes.holds_amount(sentence) or attributes.holds_tally(sentence)
+            return float(held)
         if wanted is answer.AnswerType.TALLY and self.params.tally:
-            return attributes.holds_tally(sentence)
-        return answer.holds(sentence, wanted, question_words)
+            return float(attributes.holds_tally(sentence))
+        durations = (answer.AnswerType.DURATION, answer.AnswerType.LONG)
+        if wanted in durations and attributes.holds_measure(sentence, "duration"):
+            return 1.0
+        return float(answer.holds(sentence, wanted, question_words))
 
-    def _about_subject(self, question, terms, tf, idf, hit) -> tuple[np.ndarray, bool]:
+    def _about_subject(self, question, terms, tf, idf, hit) -> tuple[np.ndarray, str | None]:
         """The sections of `hit` that hold the most (by IDF) of the question's subject: its
         capitalised words after the first (names: "the Quorvane Bridge", "Lake Ennis"), those
         the corpus has. A question names what it asks about; a section without that name (a
         near name, another entity with the same value, the question's words elsewhere) is
-        not about it, however many of the other words it shares."""
+        not about it, however many of the other words it shares. Also returns the subject's
+        rarest term (None when the question names nothing the corpus has)."""
         named = set(self.analyzer.terms(" ".join(_NAMED.findall(question))))
         columns = [j for j, term in enumerate(terms) if term in named and idf[term] > 0]
         if not columns:
-            return hit, False
+            return hit, None
         weights = np.array([idf[terms[j]] for j in columns])
         coverage = (tf[hit][:, columns] > 0) @ weights
-        return hit[coverage >= coverage.max() - 1e-9], True
+        rarest = terms[columns[int(np.argmax(weights))]]
+        return hit[coverage >= coverage.max() - 1e-9], rarest
 
-    def _best_sentence(self, indexed: _Indexed, stem_of: dict[int, str], idf: dict[str, float]):
+    def _best_sentence(self, indexed: _Indexed, stem_of, idf, subject: str | None = None):
         """BM25 of the section's best sentence for the question (`stem_of`: the question's
-        word ids -> its terms), that sentence's text and the question terms it holds."""
+        word ids -> its terms), that sentence's text and the question terms it holds. When
+        the question names a subject, the best of the sentences that name it (its rarest
+        term) if any does: a sentence about a near name beside it states nothing about the
+        subject."""
         k1, b = self.params.k1, self.params.b
         average = self._sentence_terms / max(1, self._num_sentences) or 1.0
         best, best_raw, best_terms = 0.0, None, frozenset()
+        named = (0.0, None, frozenset())  # the best sentence naming the subject
         for words, distinct, raw in self._sentences_of(indexed):
             if distinct.isdisjoint(stem_of):
                 continue
             matched = [stem_of[word] for word in words if word in stem_of]
             norm = k1 * (1.0 - b + b * len(words) / average)
-            score = sum(
-                idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in Counter(matched).items()
-            )
+            counts = Counter(matched)
+            score = sum(idf[term] * tf * (k1 + 1.0) / (tf + norm) for term, tf in counts.items())
             if score > best:
                 best, best_raw, best_terms = score, raw, frozenset(matched)
-        return best, best_raw, best_terms
+            if subject in counts and score > named[0]:
+                named = (score, raw, frozenset(matched))
+        return named if named[1] is not None else (best, best_raw, best_terms)

@@ -59,6 +59,8 @@ SCHEMA = 1
 MAX_SECTION_BYTES = 16 << 20
 BLOCK_BYTES = 64 << 10  # sections are packed into records of up to this many bytes
 MANIFEST_SCHEMA = 2  # 1: a record per section (still read); 2: blocks
+INLINE_SCHEMA = 3  # 2, with the one block of a small document after the manifest's JSON
+INLINE = ""  # the block key of a section whose bytes follow its manifest in one record
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_LOG_BYTES = 1 << 20
 LOG_ENTRY_BYTES = 4096  # every catalog entry is padded to this size (see the module notes)
@@ -70,7 +72,8 @@ LOG_GAP_PROBE = 64  # missing log entries tolerated in a row (quarantined damage
 class SectionRef:
     start: int  # byte offsets into the document
     end: int
-    key: str  # the record holding the section's bytes (a block; schema 1: its own)
+    key: str  # the record holding the section's bytes (a block, or the manifest's own
+    # record for an inline document; schema 1: its own)
     headings: tuple[str, ...]
     digest: str  # SHA-256 (hex) of the section's bytes
     base: int  # the document offset at which that record's bytes start
@@ -95,7 +98,7 @@ class Manifest:
             bounds[number][1] = max(bounds[number][1], s.end)
             sections.append([s.start, s.end, s.digest, list(s.headings), number])
         body = {
-            "schema": MANIFEST_SCHEMA,
+            "schema": INLINE_SCHEMA if any(b[2] == INLINE for b in bounds) else MANIFEST_SCHEMA,
             "doc_id": self.doc_id,
             "size": self.size,
             "sha256": self.sha256,
@@ -105,30 +108,70 @@ class Manifest:
         return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode()
 
     @classmethod
-    def decode(cls, data: bytes) -> Manifest:
-        body = json.loads(data)
+    def decode(cls, data: bytes, key: str = "") -> Manifest:
+        """The manifest in the record `data` (stored under `key`, which its inline sections
+        name); raises ValueError for anything but a well-formed one (on a plaintext root a
+        record's digest is unkeyed, so its bytes may be forged: `[]`, a missing field, 10^5
+        nested arrays)."""
+        try:
+            body = json.loads(data.split(b"\n", 1)[0])  # compact JSON has no line break
+        except RecursionError:
+            raise ValueError("nested too deeply") from None
+        if not isinstance(body, dict):
+            raise ValueError(f"a manifest is a JSON object, not {type(body).__name__}")
         schema = body.get("schema")
+        sections = []
         if schema == 1:
-            sections = tuple(
-                SectionRef(
-                    int(start), int(end), str(key), tuple(headings), str(key)[-64:], int(start)
-                )
-                for start, end, key, headings in body["sections"]
-            )
-        elif schema == MANIFEST_SCHEMA:
-            blocks = [(int(base), int(end), str(key)) for base, end, key in body["blocks"]]
-            sections = []
-            for start, end, digest, headings, number in body["sections"]:
-                base, block_end, key = blocks[int(number)]
-                if not base <= int(start) <= int(end) <= block_end:
+            for item in _list(body, "sections"):
+                start, end, key, headings = _fields(item, (int, int, str, list))
+                sections.append(SectionRef(start, end, key, _headings(headings), key[-64:], start))
+        elif schema in (MANIFEST_SCHEMA, INLINE_SCHEMA):
+            blocks = [_fields(item, (int, int, str)) for item in _list(body, "blocks")]
+            if any(block_key == INLINE for _, _, block_key in blocks):
+                if schema != INLINE_SCHEMA or not key:
+                    raise ValueError("an inline block outside an inline manifest")
+                blocks = [(b, e, key if k == INLINE else k) for b, e, k in blocks]
+            for item in _list(body, "sections"):
+                start, end, digest, headings, number = _fields(item, (int, int, str, list, int))
+                if not 0 <= number < len(blocks):
+                    raise ValueError(f"section [{start}, {end}) names no block")
+                base, block_end, key = blocks[number]
+                if not base <= start <= end <= block_end:
                     raise ValueError(f"section [{start}, {end}) outside its block")
-                sections.append(
-                    SectionRef(int(start), int(end), key, tuple(headings), str(digest), base)
-                )
-            sections = tuple(sections)
+                sections.append(SectionRef(start, end, key, _headings(headings), digest, base))
         else:
-            raise ValueError(f"unknown manifest schema {schema!r}")
-        return cls(str(body["doc_id"]), int(body["size"]), str(body["sha256"]), sections)
+            raise ValueError(f"unknown manifest schema {schema!r:.40}")
+        doc_id, size, sha256 = (body.get(name) for name in ("doc_id", "size", "sha256"))
+        if not (isinstance(doc_id, str) and _is_int(size) and isinstance(sha256, str)):
+            raise ValueError("doc_id, size or sha256 missing or of the wrong type")
+        return cls(doc_id, size, sha256, tuple(sections))
+
+
+def _is_int(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def _list(body: dict, name: str) -> list:
+    value = body.get(name)
+    if not isinstance(value, list):
+        raise ValueError(f"{name} is not a list")
+    return value
+
+
+def _fields(item, types: tuple[type, ...]) -> tuple:
+    """A manifest row's fields, each checked against its type (int: non-negative)."""
+    if not isinstance(item, list) or len(item) != len(types):
+        raise ValueError(f"a row of {len(types)} fields expected")
+    for value, kind in zip(item, types, strict=True):
+        if not (_is_int(value) if kind is int else isinstance(value, kind)):
+            raise ValueError(f"a field of type {kind.__name__} expected")
+    return tuple(item)
+
+
+def _headings(headings: list) -> tuple[str, ...]:
+    if not all(isinstance(heading, str) for heading in headings):
+        raise ValueError("a heading is not a string")
+    return tuple(headings)
 
 
 def pack_blocks(bounds: list[tuple[int, int]], limit: int = BLOCK_BYTES) -> list[tuple[int, int]]:
@@ -156,10 +199,20 @@ def block_key(doc_id: str, data: bytes) -> str:
     return f"b/{doc_prefix(doc_id)}/{hashlib.sha256(data).hexdigest()}"
 
 
-def manifest_record(manifest: Manifest) -> tuple[str, bytes]:
-    """The manifest's record key and bytes."""
+def manifest_record(manifest: Manifest, inline: bytes | None = None) -> tuple[str, bytes]:
+    """The manifest's record key and bytes. With `inline` (the bytes of the block whose
+    sections have the key INLINE), the record is the manifest's JSON, a line break, then
+    those bytes: a small document is one record, not a block and a manifest (every record
+    is a file the store creates, links and fsyncs: per document, that is what add() costs)."""
     data = manifest.encode()
+    if inline is not None:
+        data += b"\n" + inline
     return f"m/{doc_prefix(manifest.doc_id)}/{hashlib.sha256(data).hexdigest()}", data
+
+
+def inline_block(record: bytes) -> bytes:
+    """The block bytes of an inline manifest record (after its JSON)."""
+    return record.split(b"\n", 1)[1] if b"\n" in record else b""
 
 
 def log_entry(entry: dict) -> bytes:
@@ -207,9 +260,24 @@ class TextRecords:
 
     # ------------------------------------------------------------------ sections
 
-    def put_document(self, keys: list[str], datas: list) -> bool:
-        """Stores a document's blocks and its manifest (last) in one batch; False on failure."""
-        return all(self.store.put_many(self.namespace, keys, datas))
+    def put_document(self, keys: list[str], datas: list, entry: dict) -> bool:
+        """Stores a document's blocks, its manifest and then its catalog entry `entry` in one
+        batch (one ledger update, linked in order: the entry after the records it names);
+        False on failure. The entry takes the next log number; if another writer took that
+        number first (the store keeps its entry: the batch did not link ours), append_log
+        tries the numbers after it."""
+        log_key = f"log/{self._next_log}"
+        self._next_log += 1
+        linked: set[str] = set()
+        stored = self.store.publish_many(
+            self.namespace,
+            [*keys, log_key],
+            [*datas, log_entry(entry)],
+            lambda _, records: linked.update(key for key, _ in records),
+        )
+        if not all(stored[:-1]):
+            return False
+        return log_key in linked or self.append_log(entry)
 
     def get_section(self, ref: SectionRef) -> bytes | None:
         """The section's verified bytes, or None if missing or damaged (or not matching)."""
@@ -221,7 +289,11 @@ class TextRecords:
         out: list[bytes | None] = []
         for ref in refs:
             if ref.key not in blocks:
-                blocks[ref.key] = self.store.get_bytes(self.namespace, ref.key, MAX_SECTION_BYTES)
+                cap = MAX_MANIFEST_BYTES if ref.key.startswith("m/") else MAX_SECTION_BYTES
+                record = self.store.get_bytes(self.namespace, ref.key, cap)
+                if record is not None and ref.key.startswith("m/"):
+                    record = inline_block(record)
+                blocks[ref.key] = record
             block = blocks[ref.key]
             data = None
             if block is not None and ref.base <= ref.start <= ref.end <= ref.base + len(block):
@@ -243,13 +315,14 @@ class TextRecords:
     # ------------------------------------------------------------------ manifests
 
     def get_manifest(self, key: str) -> Manifest | None:
+        """The manifest, or None if missing, damaged or malformed (the caller counts it)."""
         data = self.store.get_bytes(self.namespace, key, MAX_MANIFEST_BYTES)
         if data is None:
             return None
         try:
-            return Manifest.decode(data)
-        except (ValueError, KeyError, TypeError) as error:
-            log.warning("blaise: manifest %s is unreadable: %s", key[:40], error)
+            return Manifest.decode(data, key)
+        except ValueError as error:
+            log.debug("blaise: manifest %s is unreadable: %s", key[:40], error)
             return None
 
     # ------------------------------------------------------------------ catalog log
@@ -280,16 +353,22 @@ class TextRecords:
         return catalog, damaged
 
     def _read_log(self, key: str) -> dict | None:
+        """The entry, or None if missing, damaged or malformed: JSON that is not an object
+        with a known op, a str doc_id and (to add) a str manifest key. A plaintext root's
+        digest is unkeyed, so a well-digested entry may still be forged."""
         data = self.store.get_bytes(self.namespace, key, MAX_LOG_BYTES)
         if data is None:
             return None
         try:
             entry = json.loads(data)
-            if entry.get("op") in ("add", "remove") and isinstance(entry.get("doc_id"), str):
-                return entry
-        except ValueError:
-            pass
-        log.warning("blaise: catalog entry %s is unreadable", key)
+        except (ValueError, RecursionError):
+            return None
+        if not isinstance(entry, dict) or not isinstance(entry.get("doc_id"), str):
+            return None
+        if entry.get("op") == "remove" or (
+            entry.get("op") == "add" and isinstance(entry.get("manifest"), str)
+        ):
+            return entry
         return None
 
     def append_log(self, entry: dict) -> bool:

@@ -2,7 +2,7 @@
 
 Keys are Mooncake's own setup() parameter names plus the tier's own (timeout_s, queue_max_bytes,
 transfer_buffer_bytes, integrity_key_file). Strict: an unknown key or a bad value raises
-MooncakeConfigError (a ValueError) naming the key, the value and what is expected.
+MooncakeConfigError (errors.py, a ConfigError) naming the key, the value and what is expected.
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import re
 from dataclasses import dataclass, fields
 from urllib.parse import urlsplit
 
+from ..errors import MooncakeConfigError
 from ..units import parse_bytes
 
 MIB = 1 << 20
@@ -24,10 +25,6 @@ NO_SHARED_KEY = (
     "random bytes, mode 0600, the same on every server of the cluster): without a key, any "
     'Mooncake peer can forge values that pass every check (docs/OPERATIONS.md, "Security model")'
 )
-
-
-class MooncakeConfigError(ValueError):
-    """A bad `mooncake` option: the message names the key, the value and what is expected."""
 
 
 def _fail(key: str, value, expected: str):

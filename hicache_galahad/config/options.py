@@ -9,11 +9,12 @@ naming the key, the value and what is expected.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
+from types import MappingProxyType
 
-from ..errors import ConfigError
+from ..errors import ConfigError, MooncakeConfigError
 from ..units import parse_bytes
-from .mooncake import NO_SHARED_KEY, MooncakeConfigError, MooncakeOptions
+from .mooncake import NO_SHARED_KEY, MooncakeOptions
 
 # Keys SGLang reads (and keeps or pops) itself; we accept and ignore them.
 SGLANG_KEYS = frozenset(
@@ -107,6 +108,10 @@ def _choice(key: str, value, choices) -> str:
     return value
 
 
+# Marks a StoreOptions field that the extra config does not take.
+NOT_IN_EXTRA_CONFIG = MappingProxyType({"extra_config": False})
+
+
 @dataclass(frozen=True)
 class StoreOptions:
     """What a RecordStore takes. Validated on construction (ConfigError).
@@ -138,12 +143,12 @@ class StoreOptions:
     compression: str = "none"
     zstd_level: int = 3
     encryption_key_file: str | None = None
-    digest: str = "xxh3_128"
-    allow_unverified: bool = False
+    digest: str = field(default="xxh3_128", metadata=NOT_IN_EXTRA_CONFIG)
+    allow_unverified: bool = field(default=False, metadata=NOT_IN_EXTRA_CONFIG)
     durability: str = "deferred"
     flush_interval_s: float = 1.0
     io_threads: int = 8
-    read_only: bool = False
+    read_only: bool = field(default=False, metadata=NOT_IN_EXTRA_CONFIG)
 
     def __post_init__(self):
         set_ = object.__setattr__
@@ -205,18 +210,10 @@ class GalahadOptions:
             _name("model_fingerprint", self.model_fingerprint)
 
 
-# Extra-config keys that go to StoreOptions (the others are GalahadOptions' own).
-_STORE_KEYS = (
-    "root",
-    "max_bytes",
-    "max_pinned_bytes",
-    "min_free_bytes",
-    "compression",
-    "zstd_level",
-    "encryption_key_file",
-    "durability",
-    "flush_interval_s",
-    "io_threads",
+# Extra-config keys that go to StoreOptions (the others are GalahadOptions' own): every field
+# but those marked NOT_IN_EXTRA_CONFIG (benchmarks' and operators' settings).
+_STORE_KEYS = tuple(
+    option.name for option in fields(StoreOptions) if option.metadata.get("extra_config", True)
 )
 _NULLABLE_KEYS = frozenset({"max_bytes", "max_pinned_bytes", "encryption_key_file"})
 EXTRA_CONFIG_KEYS = frozenset(_STORE_KEYS) | {"tenant", "model_fingerprint", "mooncake"}

@@ -7,96 +7,53 @@ healthy, clean it, and run the demo.
     galahad gc      --root DIR [--max-bytes N]
     galahad inspect --root DIR FILE|KEY [--encryption-key-file F] [--json]
     galahad fingerprint MODEL_DIR
+    galahad unpin   (--document LABEL | --tenant T | --all) --root DIR   (pins_cli.py)
     galahad warm    --server URL [--root DIR] [--pin] [--sections] [--check] FILE...
-    galahad ready   --server URL [--root DIR] FILE...      (ops/warm.py)
+    galahad ready   --server URL [--root DIR] FILE...      (warm_cli.py)
     galahad demo                                  (a source checkout only: runs bench/demo.py)
     galahad blaise add|ask ...
 
-Exit status: 0 success; 1 damage found (verify, inspect); 2 an expected condition (no such
-store, a bad or too open key file, a read-only filesystem for a command that writes, a bad
-argument, a store root that cannot hold a store), reported in one line; 3 records that could
-not be verified (verify: encrypted, and no key or another key); 4 an unexpected failure (a bug:
-one line naming it, never a traceback); 130 interrupted.
+The exit statuses and the helpers every command shares are common.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 from ..config.fingerprint import fingerprint_model_dir
-from ..errors import GalahadError
+from ..errors import GalahadError, OperatorError
 from ..store import RecordStore
 from ..units import parse_bytes
+from . import pins_cli, warm_cli
 from . import reports as ops
-from . import warm
-
-EXIT_OK, EXIT_DAMAGE, EXIT_EXPECTED, EXIT_UNVERIFIED, EXIT_UNEXPECTED = 0, 1, 2, 3, 4
-EXIT_INTERRUPTED = 130
-
-
-class ExpectedCondition(Exception):
-    """A condition an operator can meet (no store there, a read-only disk): one line, exit 2."""
-
-
-# ----------------------------------------------------------------------------- helpers
-
-
-def _open(args, *, writable: bool = False) -> RecordStore:
-    root = os.path.abspath(os.path.expanduser(args.root))
-    if not os.path.isdir(os.path.join(root, "ns")):
-        if not os.path.exists(root):
-            raise ExpectedCondition(f"no directory {root}")
-        raise ExpectedCondition(f"{root} is not a hicache-galahad store (no ns/ directory)")
-    if writable and not os.access(root, os.W_OK):
-        raise ExpectedCondition(f"{root} is not writable (read-only mount or permissions)")
-    key_file = getattr(args, "encryption_key_file", None)
-    return RecordStore(root, encryption_key_file=key_file, read_only=not writable)
-
-
-def _size(value: int | None) -> str:
-    if value is None:
-        return "-"
-    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if value >= scale:
-            return f"{value / scale:.1f} {unit}"
-    return f"{value} B"
-
-
-def _when(seconds: float | None) -> str:
-    if seconds is None:
-        return "-"
-    import datetime
-
-    return datetime.datetime.fromtimestamp(seconds).strftime("%Y-%m-%d %H:%M")
-
-
-def _table(rows: list[list[str]]) -> str:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
-        for row in rows
-    )
-
-
-def _emit(args, data: dict, text: str) -> None:
-    print(json.dumps(data, indent=2, default=str) if getattr(args, "json", False) else text)
-
+from .common import (
+    EXIT_DAMAGE,
+    EXIT_INTERRUPTED,
+    EXIT_OK,
+    EXIT_UNEXPECTED,
+    EXIT_UNVERIFIED,
+    emit,
+    fail,
+    open_store,
+    root_options,
+    size_text,
+    table,
+    when_text,
+)
 
 # ----------------------------------------------------------------------------- commands
 
 
 def cmd_stats(args) -> int:
     if args.recount:  # the ledger recounted from disk (writers wait for the walk), then read
-        with _open(args, writable=True) as store:
+        with open_store(args, writable=True) as store:
             store.rebuild_ledger()
             report = ops.stats_report(store)
     else:
-        with _open(args) as store:
+        with open_store(args) as store:
             report = ops.stats_report(store, exact=args.exact)
     walked = report["counts"] == "walk"
     rows = [
@@ -122,11 +79,11 @@ def cmd_stats(args) -> int:
                 str(ns["pool"] or "?"),
                 str(ns["rank"] or "-"),
                 str(ns["records"]),
-                _size(ns["disk_bytes"]),
-                _size(ns["logical_bytes"]),
+                size_text(ns["disk_bytes"]),
+                size_text(ns["logical_bytes"]),
                 f"{ratio:.2f}" if ratio else "-",
-                *([_when(ns["oldest_record_s"])] if walked else []),
-                _when(ns["newest_record_s"]),
+                *([when_text(ns["oldest_record_s"])] if walked else []),
+                when_text(ns["newest_record_s"]),
             ]
         )
     budget = report["budget"]
@@ -141,26 +98,26 @@ def cmd_stats(args) -> int:
     else:
         source = "counts kept by the ledger (--exact: read every record)"
     lines = [
-        f"store {report['root']}: {report['records']} records, {_size(report['disk_bytes'])} on "
-        f"disk ({_size(report['logical_bytes'])} of pages), {report['quarantined_files']} "
+        f"store {report['root']}: {report['records']} records, {size_text(report['disk_bytes'])} on "
+        f"disk ({size_text(report['logical_bytes'])} of pages), {report['quarantined_files']} "
         f"quarantined files; {source}",
         "",
-        _table(rows),
+        table(rows),
         "",
-        f"budget: max_bytes {_size(budget['max_bytes'])}, min_free_bytes "
-        f"{_size(budget['min_free_bytes'])}; ledger {_size(budget['ledger_bytes'])}; "
-        f"filesystem free {_size(budget['filesystem_free_bytes'])} of "
-        f"{_size(budget['filesystem_bytes'])}",
+        f"budget: max_bytes {size_text(budget['max_bytes'])}, min_free_bytes "
+        f"{size_text(budget['min_free_bytes'])}; ledger {size_text(budget['ledger_bytes'])}; "
+        f"filesystem free {size_text(budget['filesystem_free_bytes'])} of "
+        f"{size_text(budget['filesystem_bytes'])}",
         "pinned: "
         + (
             ", ".join(
-                f"{tenant or '?'} {_size(size)}"
+                f"{tenant or '?'} {size_text(size)}"
                 for tenant, size in sorted(budget["pinned_bytes_by_tenant"].items())
             )
             or "none"
         )
         + (
-            f" (max_pinned_bytes {_size(budget['max_pinned_bytes'])})"
+            f" (max_pinned_bytes {size_text(budget['max_pinned_bytes'])})"
             if budget["max_pinned_bytes"] is not None
             else ""
         ),
@@ -173,12 +130,12 @@ def cmd_stats(args) -> int:
         lines.append(f"skipped unreadable directory {path}")
     for item in report["not_records"]:
         lines.append(f"not a record ({item['kind']}): {item['path']}")
-    _emit(args, report, "\n".join(lines))
+    emit(args, report, "\n".join(lines))
     return EXIT_OK
 
 
 def cmd_verify(args) -> int:
-    with _open(args, writable=args.fix) as store:
+    with open_store(args, writable=args.fix) as store:
         dirnames = None
         if args.tenant is not None:
             dirnames = [
@@ -204,17 +161,20 @@ def cmd_verify(args) -> int:
     data["damaged_by_rule"] = damaged_by_rule
     rows = [
         ["records verified", str(report.records - len(report.unverifiable))],
-        ["bytes", _size(report.record_bytes)],
+        ["bytes", size_text(report.record_bytes)],
         ["damaged", str(len(report.damaged))],
         *[[f"  {rule}", str(count)] for rule, count in sorted(damaged_by_rule.items())],
         ["could not verify", str(len(report.unverifiable))],
         ["stray temp files", str(len(report.stray_temp_files))],
         ["quarantined files", str(report.quarantined_files)],
-        ["ledger / on disk", f"{_size(report.ledger_bytes)} / {_size(report.actual_bytes)}"],
+        [
+            "ledger / on disk",
+            f"{size_text(report.ledger_bytes)} / {size_text(report.actual_bytes)}",
+        ],
         ["fixed", "yes" if report.fixed else "no"],
         ["rate", _rate(report)],
     ]
-    lines = [_table(rows)]
+    lines = [table(rows)]
     lines += [f"damaged: {path}: {problem}" for path, problem in report.damaged[:20]]
     if report.unverifiable:
         lines.append(
@@ -222,7 +182,7 @@ def cmd_verify(args) -> int:
             f"{report.unverifiable[0][1]}): encrypted records need the right "
             "--encryption-key-file"
         )
-    _emit(args, data, "\n".join(lines))
+    emit(args, data, "\n".join(lines))
     if report.damaged or (report.stray_temp_files and not args.fix):
         return EXIT_DAMAGE
     return EXIT_UNVERIFIED if report.unverifiable else EXIT_OK
@@ -255,14 +215,14 @@ def _progress(store: RecordStore, dirnames):
 
 def cmd_purge(args) -> int:
     if args.tenant is None and args.model_fingerprint is None and args.older_than is None:
-        raise ExpectedCondition("purge needs --tenant, --model-fingerprint or --older-than")
+        raise OperatorError("purge needs --tenant, --model-fingerprint or --older-than")
     older_than_s = None
     if args.older_than is not None:
         try:
             older_than_s = ops.parse_duration_s(args.older_than)
         except ValueError as error:
-            raise ExpectedCondition(str(error)) from None
-    with _open(args, writable=not args.dry_run) as store:
+            raise OperatorError(str(error)) from None
+    with open_store(args, writable=not args.dry_run) as store:
         report = ops.purge(
             store,
             tenant=args.tenant,
@@ -271,19 +231,19 @@ def cmd_purge(args) -> int:
             dry_run=args.dry_run,
         )
     verb = "would remove" if args.dry_run else "removed"
-    lines = [f"{verb} {report.removed_records} records ({_size(report.removed_bytes)})"]
+    lines = [f"{verb} {report.removed_records} records ({size_text(report.removed_bytes)})"]
     if report.kept_pinned_records:
         lines.append(f"kept {report.kept_pinned_records} pinned records (galahad unpin first)")
     lines += [
         f"namespace {dirname}: no readable namespace.json, owner unknown: left alone"
         for dirname in report.unattributable_namespaces
     ]
-    _emit(args, report.as_dict(), "\n".join(lines))
+    emit(args, report.as_dict(), "\n".join(lines))
     return EXIT_OK
 
 
 def cmd_gc(args) -> int:
-    with _open(args, writable=True) as store:
+    with open_store(args, writable=True) as store:
         cap = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         if cap is None:
             servers = store.live_settings()
@@ -291,23 +251,25 @@ def cmd_gc(args) -> int:
             caps = [c for c in caps if isinstance(c, int)]
             cap = min(caps) if caps else None
         if cap is None:
-            raise ExpectedCondition("no budget to apply: pass --max-bytes (no server set one)")
+            raise OperatorError("no budget to apply: pass --max-bytes (no server set one)")
         evicted, freed = store.evict_to(cap)
         data = {"evicted_files": evicted, "freed_bytes": freed, "ledger_bytes": store.usage_bytes()}
-    _emit(
-        args, data, f"evicted {evicted} files ({_size(freed)}); now {_size(data['ledger_bytes'])}"
+    emit(
+        args,
+        data,
+        f"evicted {evicted} files ({size_text(freed)}); now {size_text(data['ledger_bytes'])}",
     )
     return EXIT_OK
 
 
 def cmd_inspect(args) -> int:
-    with _open(args) as store:
+    with open_store(args) as store:
         path = ops.find_record(store, args.target)
         if path is None:
-            raise ExpectedCondition(f"no record {args.target!r} under {store.root}")
+            raise OperatorError(f"no record {args.target!r} under {store.root}")
         info = ops.inspect_record(store, path)
     lines = [f"{name}: {value}" for name, value in info.items()]
-    _emit(args, info, "\n".join(lines))
+    emit(args, info, "\n".join(lines))
     return EXIT_OK if info["valid"] else EXIT_DAMAGE
 
 
@@ -326,7 +288,7 @@ def demo_script() -> Path | None:
 def cmd_demo(args) -> int:
     demo = demo_script()
     if demo is None:
-        raise ExpectedCondition("the demo ships with the source checkout: run `make demo` there")
+        raise OperatorError("the demo ships with the source checkout: run `make demo` there")
     return subprocess.call([sys.executable, str(demo), *args.demo_args])
 
 
@@ -339,16 +301,6 @@ def cmd_blaise(args) -> int:
 # ----------------------------------------------------------------------------- parser
 
 
-def _root_options(parser: argparse.ArgumentParser, *, key: bool = False, as_json: bool = True):
-    parser.add_argument("--root", required=True, help="store directory (the backend's root)")
-    if key:
-        parser.add_argument(
-            "--encryption-key-file", help="32-byte master key, to verify encrypted records"
-        )
-    if as_json:
-        parser.add_argument("--json", action="store_true", help="machine-readable output")
-
-
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="galahad", description="Operate a hicache-galahad store (docs/OPERATIONS.md)."
@@ -356,7 +308,7 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     stats = commands.add_parser("stats", help="what the store holds, its budget and counters")
-    _root_options(stats)
+    root_options(stats)
     recount = stats.add_mutually_exclusive_group()
     recount.add_argument(
         "--exact",
@@ -371,7 +323,7 @@ def build_parser() -> argparse.ArgumentParser:
     stats.set_defaults(run=cmd_stats)
 
     verify = commands.add_parser("verify", help="read every record and check every rule")
-    _root_options(verify, key=True)
+    root_options(verify, key=True)
     verify.add_argument(
         "--fix",
         action="store_true",
@@ -382,7 +334,7 @@ def build_parser() -> argparse.ArgumentParser:
     verify.set_defaults(run=cmd_verify)
 
     purge = commands.add_parser("purge", help="remove records of a tenant, model or age")
-    _root_options(purge)
+    root_options(purge)
     purge.add_argument("--tenant", help="only this tenant's records")
     purge.add_argument("--model-fingerprint", help="only this model's records")
     purge.add_argument("--older-than", metavar="DURATION", help="unused for this long (12h, 7d)")
@@ -390,16 +342,14 @@ def build_parser() -> argparse.ArgumentParser:
     purge.set_defaults(run=cmd_purge)
 
     gc = commands.add_parser("gc", help="apply the budget now (evict least recently used)")
-    _root_options(gc)
+    root_options(gc)
     gc.add_argument("--max-bytes", help="budget to apply (default: the servers' max_bytes)")
     gc.set_defaults(run=cmd_gc)
-
-    from . import pins_cli
 
     pins_cli.register(commands)  # unpin (store/pins.py)
 
     inspect = commands.add_parser("inspect", help="one record's header in words")
-    _root_options(inspect, key=True)
+    root_options(inspect, key=True)
     inspect.add_argument("target", metavar="FILE|KEY", help="a record file, or a record's key")
     inspect.set_defaults(run=cmd_inspect)
 
@@ -409,7 +359,7 @@ def build_parser() -> argparse.ArgumentParser:
     fingerprint.add_argument("model_dir", metavar="MODEL_DIR")
     fingerprint.set_defaults(run=cmd_fingerprint)
 
-    warm.register(commands)  # warm, ready (ops/warm.py)
+    warm_cli.register(commands)  # warm, ready (ops/warm_cli.py)
 
     if demo_script() is not None:  # a source checkout
         demo = commands.add_parser("demo", help="the README's main job: the restart demo")
@@ -428,19 +378,17 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.run(args)
-    except (ExpectedCondition, GalahadError, OSError, ValueError) as error:
+    except (GalahadError, OSError, ValueError) as error:
         message = error.strerror if isinstance(error, OSError) and error.strerror else str(error)
         where = f" ({error.filename})" if isinstance(error, OSError) and error.filename else ""
-        print(f"galahad: {message}{where}", file=sys.stderr)
-        return EXIT_EXPECTED
+        return fail(f"{message}{where}")
     except KeyboardInterrupt:
         return EXIT_INTERRUPTED
     except Exception as error:  # a bug: one line, its own status, never a traceback
-        print(
-            f"galahad: unexpected error ({type(error).__name__}: {error}); please report it",
-            file=sys.stderr,
+        return fail(
+            f"unexpected error ({type(error).__name__}: {error}); please report it",
+            EXIT_UNEXPECTED,
         )
-        return EXIT_UNEXPECTED
 
 
 if __name__ == "__main__":

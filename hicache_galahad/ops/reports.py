@@ -17,6 +17,7 @@ from ..record import format as fmt
 from ..store import RecordStore
 from ..store.layout import FileEntry
 
+PIN_DROP_BATCH = 4096  # purged records whose pins are dropped in one locked change
 DURATION_UNITS_S = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -280,20 +281,31 @@ def purge(
                 continue
         keep_pinned = tenant is None and model_fingerprint is None
         removed = 0
-        for entry in store.record_files([dirname]):
-            if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
-                continue
-            if keep_pinned and entry.links > 1:
-                report.kept_pinned_records += 1
-                continue
-            freed = (
-                entry.accounted_bytes
-                if dry_run
-                else store.delete_file(dirname, entry.name, keep_pinned=keep_pinned)
-            )
-            if freed is not None:
-                removed += 1
-                report.removed_bytes += freed
+        deleted: list[str] = []  # their pins dropped in one locked change per batch
+        try:
+            for entry in store.record_files([dirname]):
+                if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
+                    continue
+                if keep_pinned and entry.links > 1:
+                    report.kept_pinned_records += 1
+                    continue
+                if dry_run:
+                    freed = entry.accounted_bytes
+                else:
+                    freed = store.delete_file(
+                        dirname, entry.name, drop_pin=False, keep_pinned=keep_pinned
+                    )
+                    if freed is not None:  # (a record pinned since the scan is kept)
+                        deleted.append(entry.name)
+                    if len(deleted) >= PIN_DROP_BATCH:
+                        store.drop_pins(dirname, deleted)
+                        deleted = []
+                if freed is not None:
+                    removed += 1
+                    report.removed_bytes += freed
+        finally:
+            if deleted:
+                store.drop_pins(dirname, deleted)
         if removed:
             report.removed_records += removed
             report.namespaces.append(dirname)

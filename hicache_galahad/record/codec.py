@@ -1,5 +1,9 @@
 """How one store turns pages into records and back: digest, zstd and AES-GCM settings.
 
+Records are encoded here (format.encode_record, compression.compress); the read paths check
+them with the verifier under this store's policy and keys, through the methods below. Calls go
+one way: codec to verifier (and format, compression), never back.
+
 Pure apart from the zstandard and cryptography libraries: no file I/O.
 """
 
@@ -7,18 +11,13 @@ from __future__ import annotations
 
 import threading
 
+from . import compression, verifier
 from . import format as fmt
-from . import verifier
 from .crypto import RecordCipher, derive_tenant_key
 from .namespace import Namespace
 
 # A page that does not shrink by at least 1/16 is stored uncompressed (format.encode_record).
 HEADER_TEMPLATE_CACHE_ENTRIES = 4096
-
-
-class _ThreadCodecs(threading.local):
-    compressor = None
-    decompressor = None
 
 
 class RecordCodec:
@@ -41,14 +40,12 @@ class RecordCodec:
         self.digest_alg = digest_alg
         self.digest_bytes = fmt.DIGEST_SIZES[digest_alg]
         self.digest_padding = bytes(32 - self.digest_bytes)
-        self.digest_zeros = bytes(self.digest_bytes)
         self.compression = compression
         self.zstd_level = zstd_level
         self.allow_unverified = allow_unverified
         self._master_key = master_key
         self._ciphers: dict[str, RecordCipher] = {}
         self._ciphers_lock = threading.Lock()
-        self._codecs = _ThreadCodecs()
         self._templates: dict = {}
 
     @property
@@ -79,28 +76,7 @@ class RecordCodec:
         )
 
     def _compress(self, raw) -> bytes:
-        import zstandard
-
-        if self._codecs.compressor is None:
-            self._codecs.compressor = zstandard.ZstdCompressor(level=self.zstd_level)
-        return self._codecs.compressor.compress(raw)
-
-    def decompress(self, payload, raw_len: int) -> bytes:
-        import zstandard
-
-        if self._codecs.decompressor is None:
-            self._codecs.decompressor = zstandard.ZstdDecompressor()
-        try:
-            # python-zstandard ignores max_output_size when the frame states its content size:
-            # a frame claiming 64 MiB under a header saying one page would be inflated whole.
-            claimed_bytes = zstandard.frame_content_size(payload)
-            if claimed_bytes not in (-1, raw_len):
-                raise fmt.DecompressionError(
-                    f"zstd frame claims {claimed_bytes} bytes, the header {raw_len}"
-                )
-            return self._codecs.decompressor.decompress(payload, max_output_size=raw_len)
-        except zstandard.ZstdError as error:
-            raise fmt.DecompressionError(str(error)) from error
+        return compression.compress(raw, self.zstd_level)
 
     def check_header(self, prefix, file_len: int, key_bytes: bytes, namespace_digest: bytes):
         """V1-V12 (verifier.check_header) under this store's protection policy."""
@@ -131,7 +107,6 @@ class RecordCodec:
             namespace=namespace.digest,
             expected_raw_len=expected_raw_len,
             cipher=self.cipher(namespace.tenant),
-            decompress=self.decompress,
             require_encryption=self.encrypted,
             allow_unverified=self.allow_unverified,
         )
@@ -143,8 +118,24 @@ class RecordCodec:
             header_bytes,
             payload,
             cipher=self.cipher(tenant) if header.encrypted and tenant is not None else None,
-            decompress=self.decompress,
         )
+
+    def plain_page_digest(self, head, namespace: Namespace, key_bytes: bytes, raw_len: int):
+        """The digest check (verifier.Digest, its header fed) of a plain record of `raw_len`
+        bytes whose first bytes `head` (header and key echo) are the one header check_header
+        accepts for the request: V1-V12 by one comparison (expected_plain_header, the echo,
+        the digest's padding). None when they are not: the caller then applies the rules one
+        by one. The payload is still to be fed and the digest matched (V13)."""
+        view = memoryview(head)
+        digest_end = fmt.DIGEST_OFFSET + self.digest_bytes
+        if (
+            view[: fmt.DIGEST_OFFSET]
+            != self.expected_plain_header(namespace, len(key_bytes), raw_len)
+            or view[fmt.FIXED_HEADER_BYTES :] != key_bytes
+            or view[digest_end : fmt.FIXED_HEADER_BYTES] != self.digest_padding
+        ):
+            return None
+        return verifier.Digest(self.digest_alg, bytes(view[fmt.DIGEST_OFFSET : digest_end]), view)
 
     def expected_plain_header(self, namespace: Namespace, key_len: int, raw_len: int) -> bytes:
         """verifier.expected_plain_header for this store's digest, cached."""

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 import xxhash
 
-from ..errors import FormatError
+from ..errors import FormatError, NotARegularFileError
 
 MAGIC = b"GALAHAD\x00"
 FORMAT_VERSION = 1
@@ -34,16 +34,13 @@ DIGEST_SIZES = {DIGEST_NONE: 0, DIGEST_XXH3_128: 16, DIGEST_SHA256: 32}
 _FIXED = struct.Struct("<8sHHIQQ32sHBB12s32s")
 FIXED_HEADER_BYTES = _FIXED.size  # 112
 DIGEST_OFFSET = 80
+_ZERO_DIGEST_FIELD = bytes(32)
 NONCE_BYTES = 12
 TAG_BYTES = 16
 
 MAX_KEY_BYTES = 1024
 MAX_RAW_BYTES = 1 << 32  # 4 GiB: far above any KV page or state checkpoint
 MAX_PAYLOAD_BYTES = MAX_RAW_BYTES + (MAX_RAW_BYTES >> 7) + (1 << 16)  # zstd worst-case bound
-
-
-class NotARegularFileError(FormatError):
-    rule = "V0"
 
 
 class TruncatedHeaderError(FormatError):
@@ -206,10 +203,11 @@ def new_digest(digest_alg: int):
 
 
 def hash_header(hasher, header: bytes | bytearray | memoryview) -> None:
-    """Feeds the header to `hasher` with its digest field read as zeros."""
+    """Feeds the header to `hasher` with its digest field read as zeros: the one place the
+    digest's input is defined (the writer's `seal_digest`, every reader's verifier.Digest)."""
     view = memoryview(header)
     hasher.update(view[:DIGEST_OFFSET])
-    hasher.update(bytes(32))
+    hasher.update(_ZERO_DIGEST_FIELD)
     hasher.update(view[DIGEST_OFFSET + 32 :])
 
 
@@ -286,6 +284,17 @@ def parse_header(prefix: bytes | bytearray | memoryview, file_len: int) -> Heade
         nonce=bytes(nonce),
         digest=bytes(digest[:digest_size]),
     )
+
+
+def declared_raw_len(prefix: bytes | bytearray | memoryview) -> int:
+    """The raw length a record's first FIXED_HEADER_BYTES declare, checked for nothing but
+    the magic: 0 for anything shorter or without it. An estimate's input (a recount's logical
+    bytes), never a verdict: a record is served or judged only through parse_header and the
+    verifier."""
+    if len(prefix) < FIXED_HEADER_BYTES:
+        return 0
+    magic, _, _, _, _, raw_len, *_ = _FIXED.unpack_from(prefix, 0)
+    return raw_len if magic == MAGIC else 0
 
 
 def as_segments(data) -> list[memoryview]:

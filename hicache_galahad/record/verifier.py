@@ -9,12 +9,15 @@ decided here:
 - `check_page_size`: V16, after the stored bytes' own check (V13/V14) when that costs no more
   than the page asked for, so that damage to a header is told from another page size;
 - `Digest`: V13, fed piece by piece; `finish_tag`: V14 at the end of a decryption;
-- `check_decoded_length`: V15;
-- `decode_record`: all of them on a whole record in memory (a Mooncake value, the tests).
+- `check_decoded_length`: V15 (frames are decoded by compression.py, called from here);
+- `decode_payload`, `decode_record`: all of them on a payload or a whole record in memory
+  (a compressed page read whole, a Mooncake value, the tests).
 
-The page-cache path compares a record's first bytes with `expected_plain_header`: the only
-header of that size that `check_header` accepts for the request, as bytes.
+The one-read paths compare a plain record's first bytes with `expected_plain_header` (through
+codec.plain_page_digest): the only header of that size that `check_header` accepts for the
+request, as bytes.
 
+The verifier calls nothing above it (format.py, compression.py): the readers drive it.
 Pure: no I/O, no torch, no SGLang.
 """
 
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 from cryptography.exceptions import InvalidTag
 
+from . import compression
 from . import format as fmt
 
 
@@ -81,22 +85,22 @@ def check_page_size(header: fmt.Header, expected_raw_len: int | None, check_stor
 
 
 class Digest:
-    """V13 over a record's header (its digest field read as zeros) and payload, fed piece by
-    piece; a record without a digest (encrypted, or `allow_unverified`) passes."""
+    """V13 over a record's header (fed at once, its digest field read as zeros:
+    format.hash_header) and payload (fed piece by piece); a record without a digest
+    (encrypted, or `allow_unverified`) passes."""
 
     __slots__ = ("_hasher", "_expected")
 
-    def __init__(self, digest_alg: int, expected: bytes):
+    def __init__(self, digest_alg: int, expected: bytes, header_bytes):
         self._hasher = fmt.new_digest(digest_alg)
         self._expected = expected
+        if self._hasher is not None:
+            fmt.hash_header(self._hasher, header_bytes)
 
     @classmethod
     def of(cls, header: fmt.Header, header_bytes) -> Digest:
-        """The digest check of a parsed record, its header already fed."""
-        digest = cls(header.digest_alg, header.digest)
-        if digest._hasher is not None:
-            fmt.hash_header(digest._hasher, header_bytes)
-        return digest
+        """The digest check of a parsed record."""
+        return cls(header.digest_alg, header.digest, header_bytes)
 
     @property
     def active(self) -> bool:
@@ -149,14 +153,11 @@ def open_payload(header: fmt.Header, header_bytes, payload, *, cipher=None):
     return body
 
 
-def decode_payload(header: fmt.Header, header_bytes, payload, *, cipher=None, decompress=None):
-    """The raw page from a payload of verified length: V13-V15. decompress: (payload,
-    raw_len) -> bytes, raising DecompressionError on a bad frame."""
+def decode_payload(header: fmt.Header, header_bytes, payload, *, cipher=None):
+    """The raw page from a payload of verified length: V13-V15."""
     body = open_payload(header, header_bytes, payload, cipher=cipher)
     if header.compressed:
-        if decompress is None:
-            raise fmt.DecompressionError("compressed record and no decompressor")
-        body = decompress(body, header.raw_len)
+        body = compression.decompress(body, header.raw_len)
     check_decoded_length(len(body), header)
     return body
 
@@ -168,7 +169,6 @@ def decode_record(
     namespace: bytes,
     expected_raw_len: int | None = None,
     cipher=None,
-    decompress=None,
     require_encryption: bool = False,
     allow_unverified: bool = False,
 ):
@@ -188,7 +188,7 @@ def decode_record(
         expected_raw_len,
         lambda: open_payload(header, header_bytes, payload, cipher=cipher),
     )
-    return decode_payload(header, header_bytes, payload, cipher=cipher, decompress=decompress)
+    return decode_payload(header, header_bytes, payload, cipher=cipher)
 
 
 def expected_plain_header(namespace: bytes, key_len: int, raw_len: int, digest_alg: int) -> bytes:

@@ -9,7 +9,8 @@ method SGLang calls runs under `_never_raise`: any failure, including a malforme
 becomes a miss or a False of the right length, for the pages concerned only.
 
 The work is done elsewhere: binding.py (pools to namespaces), transfer.py (pages to and from
-host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), store.py.
+host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), and the store
+it holds (store/record_store.py, or tier/tiered.py with the shared tier).
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
 """The local record store: one verified record file per page under `<root>/ns/`.
 
 `RecordStore` (record_store.py) is the public verbs over its parts: the root's layout and
-held directories (layout), the verified reads (reader, payload), the staged writes (writer,
-flusher), the byte cap (budget, eviction, ledger, accounting), damage moved aside
-(quarantine), `galahad verify` (checker), the namespaces served (namespaces) and the
-counters kept on disk (lifetime).
+held directories (layout, directories, namespace_files, safe_files), the verified reads
+(reader, payload), the staged writes (writer, flusher), the byte cap (budget, eviction,
+ledger with ledger_file, ledger_state and journal, accounting), the processes alive on the
+root (liveness), damage moved aside (quarantine), `galahad verify` (checker), the namespaces
+served (namespaces), pins (pins/) and the counters kept on disk (lifetime).
 
 No torch, no SGLang. Imports `record`, `telemetry`, `config` and the project's errors; never
 the tier, the SGLang backend or the operator's command. `RecordStore` is imported on first use,

@@ -26,19 +26,21 @@ from ..record import format as fmt
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .eviction import SampledLru
 from .fifo import MAIN, S_SHARE, SMALL, SharedFifo, SiblingGroups
-from .layout import StoreLayout, accounted_bytes, is_record_name, temp_is_stale
-from .ledger import (
-    _DIRNAME,
+from .journal import Journal, JournalItem
+from .layout import (
     PROCS_DIR,
     QUARANTINE_DIRNAME,
-    Journal,
-    Ledger,
-    NamespaceCount,
-    ProcessLock,
-    token_alive,
+    StoreLayout,
+    accounted_bytes,
+    is_namespace_dirname,
+    is_record_name,
+    temp_is_stale,
 )
+from .ledger import Ledger
+from .ledger_state import NamespaceCount
 from .lifetime import retire
-from .pins import PINS_DIR, RECORDS_DIR
+from .liveness import ProcessLock, token_alive
+from .pins.tree import PINS_DIR, RECORDS_DIR
 from .quarantine import Quarantine
 from .reaper import Reaper
 
@@ -158,7 +160,7 @@ class Accounting:
                 total += entry.accounted_bytes
                 if not entry.accounted_bytes:
                     continue  # no regular file, or an empty one: no record to count
-                if not _DIRNAME.match(dirname) or dirname == QUARANTINE_DIRNAME:
+                if not is_namespace_dirname(dirname) or dirname == QUARANTINE_DIRNAME:
                     complete = False
                     continue
                 count = counts.get(dirname)
@@ -197,14 +199,11 @@ class Accounting:
         except OSError:
             return 0
         try:
-            head = os.pread(fd, 32, 0)
+            return fmt.declared_raw_len(os.pread(fd, fmt.FIXED_HEADER_BYTES, 0))
         except OSError:
             return 0
         finally:
             os.close(fd)
-        if len(head) < 32 or head[:8] != fmt.MAGIC:
-            return 0
-        return int.from_bytes(head[24:32], "little")
 
     def open_scan(self) -> None:
         """What opening a store does: nothing proportional to its records. Takes back the
@@ -442,7 +441,7 @@ class Accounting:
             if (expected is not None or keep_pinned) and self.is_pinned(dirname, filename, info):
                 return None  # pinned since it was sampled (store/pins.py): it stays
             size = accounted_bytes(info)
-            journal(Journal.DELETE, dirname, [(filename, info.st_ino, size)])
+            journal(Journal.DELETE, dirname, [JournalItem(filename, info.st_ino, size)])
             try:
                 os.unlink(filename, dir_fd=dir_fd)
             except OSError:
@@ -735,13 +734,13 @@ class Accounting:
                 # it: the plan decided, for every sibling together
             if self.is_pinned(dirname, filename, info):
                 continue
-            doomed.append((filename, info.st_ino, accounted_bytes(info)))
+            doomed.append(JournalItem(filename, info.st_ino, accounted_bytes(info)))
         if not doomed:
             return None
         journal(Journal.DELETE, dirname, doomed)
         dir_fd = self.layout.namespace_fd(dirname)
         freed = 0
-        for filename, _inode, size in doomed:
+        for filename, _inode, size, *_ in doomed:
             temp_name = self.layout.new_temp_name(filename, self.token)
             with contextlib.suppress(OSError):
                 os.rename(filename, temp_name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)

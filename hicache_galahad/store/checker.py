@@ -3,7 +3,8 @@
 A record is sound, damaged (it broke a rule no reader configuration explains: quarantined by
 `fix`) or unverifiable (what failed could be this checker's configuration: a missing or wrong
 key, a plaintext record in an encrypted store; never touched). The decision is
-reader.reader_may_be_wrong, the same one the read path makes.
+reader.reader_may_be_wrong, the same one the read path makes; each record is checked by
+file_verifier.py (`reader.files`), with the read paths' rules.
 """
 
 from __future__ import annotations
@@ -229,7 +230,7 @@ class Checker:
     def _verify_cached(self, entry: FileEntry, namespace):
         """The error (or None) of a record checked from the page cache, or _WAITS."""
         try:
-            if not self.reader.verify_file(entry, namespace, nowait=True):
+            if not self.reader.files.verify(entry, namespace, nowait=True):
                 return _WAITS
         except (fmt.FormatError, OSError) as error:
             return error
@@ -237,7 +238,7 @@ class Checker:
 
     def _verify_all(self, entries: list, namespace) -> list:
         """The error (or None) of each record of one namespace."""
-        verify_file = self.reader.verify_file
+        verify_file = self.reader.files.verify
         errors = []
         for entry in entries:
             try:

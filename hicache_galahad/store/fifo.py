@@ -40,7 +40,8 @@ import zlib
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from .layout import OPEN_FLAGS, RECORD_SUFFIX
+from .layout import RECORD_SUFFIX
+from .safe_files import OPEN_FLAGS
 
 EVICT_DIR = "evict"
 STATE_FILE = "state"

@@ -5,6 +5,12 @@ file, then linked into place, so a crash of the process leaves nothing damaged).
 may still lose what the page cache held: at most the records published in the last
 `interval_s`, which come back truncated, zero-filled, torn or missing, fail their digest (every
 read is verified) and are misses. The flusher bounds that window.
+
+Like the writer, it never goes through a path: the writer hands it each namespace directory's
+descriptor with the names it published there, and the flusher holds a duplicate of it until
+the window's flush has fsynced those records (each opened relative to it, never through a
+link) and the directory itself. A record evicted or replaced before then is not ours any more:
+skipped, or fsynced as found.
 """
 
 from __future__ import annotations
@@ -18,8 +24,9 @@ import time
 import weakref
 from concurrent.futures import ThreadPoolExecutor
 
+from ..errors import NotARegularFileError
 from ..telemetry.metrics import Counters, RateLimitedLog
-from .layout import NotRegularFileError, fsync_dir, open_regular
+from .safe_files import open_regular
 
 log = logging.getLogger("hicache_galahad.store")
 FLUSH_THREADS = 4  # fsyncs in flight at once: the filesystem commits them together
@@ -52,7 +59,8 @@ class Flusher:
         self.interval_s = interval_s
         self._counters = counters
         self._warn = RateLimitedLog(log)
-        self._pending: dict[str, set[str]] = {}
+        # directory path (for messages) -> [a descriptor of it, the names published there]
+        self._pending: dict[str, tuple[int, set[str]]] = {}
         self._in_flight = 0  # taken from _pending by a flush that has not finished
         self._lock = threading.Lock()
         self._flush_lock = threading.Lock()
@@ -63,15 +71,21 @@ class Flusher:
         self._thread.start()
         _register(self)
 
-    def add(self, directory: str, filenames) -> None:
+    def add(self, dir_fd: int, directory: str, filenames) -> None:
+        """Records published as `filenames` in the directory open at `dir_fd` (the
+        writer's; duplicated here when this window has none of it yet), whose path is
+        `directory` (for messages)."""
         with self._lock:
-            self._pending.setdefault(directory, set()).update(filenames)
+            pending = self._pending.get(directory)
+            if pending is None:
+                pending = self._pending[directory] = (os.dup(dir_fd), set())
+            pending[1].update(filenames)
 
     @property
     def pending(self) -> int:
         """Records published and not yet flushed (queued, or in a flush still running)."""
         with self._lock:
-            return self._in_flight + sum(len(names) for names in self._pending.values())
+            return self._in_flight + sum(len(names) for _, names in self._pending.values())
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -93,44 +107,52 @@ class Flusher:
     def _flush_locked(self) -> int:
         with self._lock:
             pending, self._pending = self._pending, {}
-            paths = [os.path.join(d, name) for d, names in pending.items() for name in names]
-            self._in_flight = len(paths)
+            files = [
+                (dir_fd, directory, name)
+                for directory, (dir_fd, names) in pending.items()
+                for name in names
+            ]
+            self._in_flight = len(files)
         try:
-            flushed = self._fsync_all(paths)
-            for directory in pending:
+            flushed = self._fsync_all(files)
+            for directory, (dir_fd, _) in pending.items():
                 try:
-                    fsync_dir(directory)
+                    os.fsync(dir_fd)
                 except OSError as error:
                     self._failed(directory, error)
-            if paths:
+            if files:
                 self._counters.add("flushes")
                 self._counters.add("flushed_records", flushed)
             return flushed
         finally:
+            for dir_fd, _ in pending.values():
+                with contextlib.suppress(OSError):
+                    os.close(dir_fd)
             with self._lock:
                 self._in_flight = 0
 
-    def _fsync_all(self, paths: list[str]) -> int:
-        if len(paths) > 1:
+    def _fsync_all(self, files: list) -> int:
+        if len(files) > 1:
             try:
-                return sum(self._pool.map(self._fsync_file, paths))
+                return sum(self._pool.map(self._fsync_file, files))
             except RuntimeError:  # the pool is shut down (interpreter exit): one at a time
                 pass
-        return sum(self._fsync_file(path) for path in paths)
+        return sum(self._fsync_file(file) for file in files)
 
-    def _fsync_file(self, path: str) -> int:
-        try:
-            fd = open_regular(path)  # a FIFO or a link put at a record's name: never a hang
-        except (FileNotFoundError, NotRegularFileError):
+    def _fsync_file(self, file: tuple[int, str, str]) -> int:
+        dir_fd, directory, name = file
+        try:  # a FIFO or a link put at a record's name: never a hang, never followed
+            fd = open_regular(name, dir_fd=dir_fd)
+        except (FileNotFoundError, NotARegularFileError):
             return 0  # evicted, purged or replaced before it was flushed: not ours any more
         except OSError as error:
-            self._failed(path, error)
+            self._failed(os.path.join(directory, name), error)
             return 0
         try:
             os.fsync(fd)
             return 1
         except OSError as error:
-            self._failed(path, error)
+            self._failed(os.path.join(directory, name), error)
             return 0
         finally:
             with contextlib.suppress(OSError):

@@ -2,17 +2,18 @@
 
     <root>/stats/<token>.json   the counters, settings and identity (pid namespace, pid, start
                                 time) of one open store process: written when it opens the
-                                store, rewritten atomically at most every FLUSH_INTERVAL_S,
-                                and folded into lifetime.json when it closes the store
+                                store, rewritten atomically within FLUSH_INTERVAL_S of a
+                                change (by a thread of its own, idle or not), and folded into
+                                lifetime.json when it closes the store
     <root>/stats/lifetime.json  counters of processes that are gone, folded in by the next
                                 process to open the store (under flock)
 
 Totals are lifetime.json plus every per-process file. A file belongs to a live process only
-while that process's token is alive (ledger.token_alive: its lock, never a pid alone), so the
+while that process's token is alive (liveness.token_alive: its lock, never a pid alone), so the
 settings of a run that ended, in this pid namespace or a container's, are never applied.
 
 Every file is reached through a descriptor of `stats` opened without following links, opened
-with layout.open_regular (never a FIFO, a device or a link) and read at most
+with safe_files.open_regular (never a FIFO, a device or a link) and read at most
 STATS_FILE_MAX_BYTES: a hostile file is a miss, never a hang or a read of gigabytes.
 Pure file I/O, no torch or SGLang.
 """
@@ -29,16 +30,11 @@ import time
 import weakref
 from collections.abc import Callable
 
-from .layout import (
-    NotRegularFileError,
-    is_token,
-    open_dir,
-    open_regular,
-    process_identity,
-    read_small_file,
-)
+from ..errors import NotARegularFileError
+from .layout import STATS_DIR, is_token
+from .liveness import IDENTITY_FIELD, process_identity
+from .safe_files import create_temp, open_dir, open_regular, read_small_file
 
-STATS_DIR = "stats"
 LIFETIME_FILE = "lifetime.json"
 LOCK_FILE = LIFETIME_FILE + ".lock"
 FLUSH_INTERVAL_S = 2.0
@@ -56,7 +52,7 @@ def _load(dir_fd: int, name: str) -> dict | None:
     a JSON object (it can be rewritten from scratch); None when it could not be read now."""
     try:
         data = json.loads(read_small_file(name, STATS_FILE_MAX_BYTES, dir_fd=dir_fd))
-    except (FileNotFoundError, NotRegularFileError, ValueError):
+    except (FileNotFoundError, NotARegularFileError, ValueError):
         return {}
     except OSError as error:
         return {} if error.errno == errno.EFBIG else None
@@ -76,9 +72,8 @@ def _counters(document: dict | None) -> dict:
 
 def _write(dir_fd: int, name: str, document: dict) -> None:
     """Replaces `name` atomically (a temp file of this process renamed over it)."""
-    temp = f".{name}.{os.urandom(6).hex()}{TEMP_SUFFIX}"
+    fd, temp = create_temp(f".{name}.", TEMP_SUFFIX, dir_fd=dir_fd)
     try:
-        fd = open_regular(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644, dir_fd=dir_fd)
         with os.fdopen(fd, "w") as handle:
             json.dump(document, handle)
         os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
@@ -114,21 +109,9 @@ def _stats_dir(root_or_dir: str, *, is_dir: bool = False):
         os.close(dir_fd)
 
 
-def recorded_identity(stats_dir: str, token: str) -> dict | None:
-    """The identity the process holding `token` recorded when it opened the store, if any."""
-    if not is_token(token):
-        return None
-    try:
-        with _stats_dir(stats_dir, is_dir=True) as dir_fd:
-            identity = (_load(dir_fd, token + ".json") or {}).get("process")
-    except OSError:
-        return None
-    return identity if isinstance(identity, dict) else None
-
-
 def live_settings(root: str, is_alive: Callable[[str], bool]) -> list[dict]:
     """The settings (budget, floor, codecs) of every store process that is alive now
-    (`is_alive(token)`, see ledger.token_alive): the servers using the store."""
+    (`is_alive(token)`, see liveness.token_alive): the servers using the store."""
     found = []
     with contextlib.suppress(OSError), _stats_dir(root) as dir_fd:
         for name in _process_files(_listing(dir_fd)):
@@ -156,7 +139,7 @@ def _fold(dir_fd: int, should_fold: Callable[[str], bool]) -> None:
     under the lifetime lock (and removes temp files writers left behind)."""
     try:
         fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
-    except NotRegularFileError:  # something else put at its name: it is ours to replace
+    except NotARegularFileError:  # something else put at its name: it is ours to replace
         os.unlink(LOCK_FILE, dir_fd=dir_fd)
         fd = open_regular(LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o644, dir_fd=dir_fd)
     try:
@@ -199,17 +182,29 @@ def retire(root: str, token: str) -> None:
 
 
 class CounterFile:
-    """This process's counter file, and the folding of dead processes' files."""
+    """This process's counter file, written from a thread of its own within FLUSH_INTERVAL_S
+    of any change (an idle server's last counts reach the disk too: a SIGKILL loses at most
+    that interval), and the folding of dead processes' files. No read or write of the store
+    waits for it."""
 
-    def __init__(self, root: str, token: str, is_alive: Callable[[str], bool], settings: dict):
+    def __init__(
+        self,
+        root: str,
+        token: str,
+        is_alive: Callable[[str], bool],
+        settings: dict,
+        snapshot: Callable[[], dict],
+    ):
         self.directory = os.path.join(root, STATS_DIR)
         self._settings = settings
+        self._snapshot = snapshot
         self._identity = process_identity()
         self._name = token + ".json"
         self._path = os.path.join(self.directory, self._name)
-        self._last_flush_s = 0.0
+        self._written: dict = {}  # the counters the file holds
         self._closed = False
         self._lock = threading.Lock()
+        self._stop = threading.Event()
         with contextlib.suppress(OSError):
             os.makedirs(self.directory, exist_ok=True)
         with _open_files_lock:
@@ -218,39 +213,59 @@ class CounterFile:
         self._write_now({})
         with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
             _fold(dir_fd, lambda name: not self._is_live(name, token, is_alive))
+        self._thread = threading.Thread(
+            target=_flush_every_interval,
+            args=(weakref.ref(self), self._stop),
+            name="galahad-counters",
+            daemon=True,
+        )
+        self._thread.start()
 
     @staticmethod
     def _is_live(name: str, token: str, is_alive: Callable[[str], bool]) -> bool:
         other = name[: -len(".json")]
         return other == token or (is_token(other) and is_alive(other))
 
-    def _write_now(self, counters: dict) -> None:
+    def _write_now(self, counters: dict) -> bool:
         document = {"counters": counters, "updated_s": time.time(), "settings": self._settings}
         if self._identity is not None:
-            document["process"] = self._identity
+            document[IDENTITY_FIELD] = self._identity
         with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
             _write(dir_fd, self._name, document)
+            return True
+        return False
 
-    def maybe_flush(self, snapshot: Callable[[], dict], force: bool = False) -> None:
-        """Writes the counters if FLUSH_INTERVAL_S has passed (never raises)."""
-        now_s = time.monotonic()
-        if self._closed or (not force and now_s - self._last_flush_s < FLUSH_INTERVAL_S):
-            return
-        if not self._lock.acquire(blocking=force):
-            return
-        try:
-            if self._closed:
-                return
-            self._last_flush_s = now_s
-            self._write_now({k: v for k, v in snapshot().items() if v})
-        finally:
-            self._lock.release()
+    def _flush_locked(self) -> None:
+        counters = {k: v for k, v in self._snapshot().items() if v}
+        if counters != self._written and self._write_now(counters):
+            self._written = counters
+
+    def flush(self) -> None:
+        """Writes the counters if they changed since they were written (never raises)."""
+        with self._lock:
+            if not self._closed:
+                self._flush_locked()
 
     def close(self) -> None:
-        """No more writes; the file is folded into lifetime.json (never raises)."""
+        """Writes the last counts and stops writing; the file is folded into lifetime.json
+        (never raises)."""
+        self._stop.set()
         with self._lock:
             if self._closed:
                 return
+            self._flush_locked()
             self._closed = True
             with contextlib.suppress(OSError), _stats_dir(self.directory, is_dir=True) as dir_fd:
                 _fold(dir_fd, lambda name: name == self._name)
+        if self._thread is not threading.current_thread():
+            self._thread.join(timeout=FLUSH_INTERVAL_S)
+
+
+def _flush_every_interval(counter_file_ref: weakref.ref, stop: threading.Event) -> None:
+    """The writing thread of one CounterFile (held weakly: a store dropped unclosed lets it go)."""
+    while not stop.wait(FLUSH_INTERVAL_S):
+        counter_file = counter_file_ref()
+        if counter_file is None:
+            return
+        counter_file.flush()
+        del counter_file

@@ -16,8 +16,9 @@ import time
 
 from ..telemetry.metrics import Counters
 from .eviction import LruIndex
+from .journal import Journal, JournalItem
 from .layout import StoreLayout, accounted_bytes, is_record_name
-from .ledger import Journal, Ledger
+from .ledger import Ledger
 
 QUARANTINE_KEEP_FILES = 32
 HAS_FILES_RECHECK_S = 1.0
@@ -69,7 +70,8 @@ class Quarantine:
         def action(journal):  # under the ledger's lock: a recount sees it in one place only
             if is_record_name(filename):  # the namespace counts follow it (Journal.MOVE)
                 info = os.stat(filename, dir_fd=source_fd, follow_symlinks=False)
-                journal(Journal.MOVE, dirname, [(filename, info.st_ino, accounted_bytes(info))])
+                item = JournalItem(filename, info.st_ino, accounted_bytes(info))
+                journal(Journal.MOVE, dirname, [item])
             os.rename(
                 filename,
                 f"{time.time_ns()}-{dirname}-{filename}",
@@ -139,7 +141,8 @@ class Quarantine:
                         info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                         size = accounted_bytes(info)
                         if is_record_name(name):  # (anything else cannot be journaled)
-                            journal(Journal.TRIM, Journal.QUARANTINE, [(name, info.st_ino, size)])
+                            item = JournalItem(name, info.st_ino, size)
+                            journal(Journal.TRIM, Journal.QUARANTINE, [item])
                         os.unlink(name, dir_fd=dir_fd)
                         return size
 

@@ -41,8 +41,7 @@ from .budget import Budget
 from .checker import Checker, CheckReport
 from .flusher import Flusher
 from .kvstore import StoreStats
-from .layout import StoreLayout, record_filename
-from .ledger import QUARANTINE_DIRNAME
+from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
 from .pins import PinResult, Pins
@@ -97,9 +96,11 @@ class RecordStore:
             durable=options.durable,
             read_only=self.read_only,
             counters=self.counters,
+            live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
         )
         self.index.pinned_bytes = self.pins.total_bytes
-        self.quarantine_box.on_moved = self._drop_pin
+        # A read that quarantines a pinned record never waits for the pins lock.
+        self.quarantine_box.on_moved = lambda d, f: self._drop_pin(d, f, wait=False)
         self.budget = Budget(
             self.accounting.ledger,
             self.index,
@@ -151,7 +152,11 @@ class RecordStore:
         self._closed = False
         if not self.read_only:
             self._counter_file = CounterFile(
-                self.root, self.accounting.token, self.accounting.is_alive, self._settings()
+                self.root,
+                self.accounting.token,
+                self.accounting.is_alive,
+                self._settings(),
+                self.counters.snapshot,
             )
             self.accounting.open_scan()
 
@@ -167,10 +172,6 @@ class RecordStore:
             "digest": options.digest,
             "durability": options.durability,
         }
-
-    def _persist_counters(self, force: bool = False) -> None:
-        if self._counter_file is not None:
-            self._counter_file.maybe_flush(self.counters.snapshot, force)
 
     def register_namespace(self, namespace: Namespace) -> Namespace:
         """Creates the namespace's directory and description (idempotent) and returns it; a
@@ -196,14 +197,16 @@ class RecordStore:
         filenames = [record_filename(key) for key in keys]
         # Pages in the page cache are served here at once; only the others go to the I/O
         # threads (for small warm pages the hand-off to threads cost more than the read).
+        # Each of the others goes on from what the page-cache attempt opened (read_into
+        # closes it): a record is opened once.
         results = [
             self._read_cached(namespace, key, out, filename)
             for key, out, filename in zip(keys, outs, filenames, strict=True)
         ]
-        rest = [index for index, ok in enumerate(results) if not ok]
+        rest = [index for index, result in enumerate(results) if result is not True]
         rest_results = self._parallel(
             lambda j: self._read_guarded(
-                namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]]
+                namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]], results[rest[j]]
             ),
             len(rest),
         )
@@ -218,7 +221,6 @@ class RecordStore:
         self.index.touch_many_head_last(
             [(namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok]
         )
-        self._persist_counters()
         return results
 
     def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
@@ -240,28 +242,30 @@ class RecordStore:
         use) as it was; damage it finds is counted and quarantined as on any read."""
         return self._read_guarded(namespace, key, bytearray(expected_size), silent=True)
 
-    def _read_cached(self, namespace: Namespace, key: str, out, filename: str) -> bool:
-        """The page-cache path; it declines (False) whatever it cannot serve, and the full
-        path (_read_guarded) decides. A destination it cannot use (TypeError, ValueError) is
-        left for the full path to report; any other exception is a bug of this path: counted
-        and reported, and the record still goes to the full path."""
+    def _read_cached(self, namespace: Namespace, key: str, out, filename: str):
+        """The page-cache path: True, or what it declined (None, or the record as it opened
+        it: reader.OpenedRecord), which the full path (_read_guarded) decides. A destination
+        it cannot use (TypeError, ValueError) is left for the full path to report; any other
+        exception is a bug of this path: counted and reported, and the record still goes to
+        the full path."""
         try:
             return self.reader.read_cached_into(namespace, key, out, filename)
         except (TypeError, ValueError):  # a destination it cannot use: the full path says so
-            return False
+            return None
         except Exception as error:
             self._bug("read-cached-bug", "page-cache read", error)
-            return False
+            return None
 
     def _read_guarded(
-        self, namespace: Namespace, key: str, out, filename=None, silent: bool = False
+        self, namespace: Namespace, key: str, out, filename=None, opened=None, silent=False
     ) -> bool:
-        """One read; False on a miss of any kind (counted here unless `silent`; hits are
-        counted by the caller, once per batch). A `silent` read (verify) counts only damage
-        and errors, and does not set the record's time of last use."""
+        """One read (going on from `opened`, when the page-cache path opened the record);
+        False on a miss of any kind (counted here unless `silent`; hits are counted by the
+        caller, once per batch). A `silent` read (verify) counts only damage and errors, and
+        does not set the record's time of last use."""
         miss = 0 if silent else 1
         try:
-            self.reader.read_into(namespace, key, out, filename, note_use=not silent)
+            self.reader.read_into(namespace, key, out, filename, not silent, opened)
         except FileNotFoundError:
             self.counters.add("misses", miss)
             return False
@@ -363,7 +367,6 @@ class RecordStore:
             return [False] * len(keys)
         self.namespaces.refresh(namespace)
         results = self.writer.put_many(namespace, keys, datas, on_published)
-        self._persist_counters()
         return results
 
     # ----------------------------------------------------------------- deletion
@@ -469,9 +472,9 @@ class RecordStore:
             os.close(fd)
 
     def verify_file(self, entry, namespace: Namespace | None) -> None:
-        """Every rule on a record file found by record_files (reader.verify_file), as
+        """Every rule on a record file found by record_files (reader.files.verify), as
         `galahad verify` applies them; raises format.FormatError or OSError."""
-        self.reader.verify_file(entry, namespace)
+        self.reader.files.verify(entry, namespace)
 
     def live_settings(self) -> list[dict]:
         """The settings of the processes alive on this root (lifetime.live_settings)."""
@@ -484,15 +487,19 @@ class RecordStore:
         """The counters of every process that used this root, summed (lifetime.py)."""
         return lifetime_totals(self.root)
 
-    def delete_file(self, dirname: str, filename: str, *, keep_pinned: bool = False) -> int | None:
+    def delete_file(
+        self, dirname: str, filename: str, *, drop_pin: bool = True, keep_pinned: bool = False
+    ) -> int | None:
         """Deletes one record file of a namespace directory through the store (ledger and
         index stay right); the bytes freed, or None if it was not there (its pin, if any,
-        is dropped: purge removes pins with the records). With `keep_pinned`, a record
-        pinned by then is kept (checked under the ledger's lock, where pins are made)."""
+        is dropped: purge removes pins with the records; without `drop_pin`, the caller
+        drops them in batches with drop_pins). With `keep_pinned`, a record pinned by then
+        is kept (checked under the ledger's lock, where pins are made)."""
         freed = self.accounting.unlink_record(dirname, filename, keep_pinned=keep_pinned)
         if freed is None and keep_pinned:
             return None
-        self._drop_pin(dirname, filename)
+        if drop_pin:
+            self._drop_pin(dirname, filename)
         return freed
 
     def evict_to(self, max_bytes: int) -> tuple[int, int]:
@@ -521,11 +528,17 @@ class RecordStore:
         written, without the pins' lock (one stat; for metrics)."""
         return self.pins.cached_by_tenant() if cached else self.pins.by_tenant()
 
-    def _drop_pin(self, dirname: str, filename: str | None) -> None:
+    def _drop_pin(self, dirname: str, filename: str | None, *, wait: bool = True) -> None:
         """A record left its namespace (deleted, purged, quarantined): its pin goes too,
-        so no bytes stay held and counted for it (filename None: every record of dirname)."""
+        so no bytes stay held and counted for it (filename None: every record of dirname).
+        Without `wait`, deferred when the pins lock is busy (pins.stale.DeferredDrops)."""
+        self.drop_pins(dirname, None if filename is None else [filename], wait=wait)
+
+    def drop_pins(self, dirname: str, filenames: list[str] | None, *, wait: bool = True) -> None:
+        """Drops the pins of records of `filenames` (None: any) that left namespace
+        `dirname`, in one locked change per batch (after delete_file(..., drop_pin=False))."""
         try:
-            self.pins.drop_stale(dirname, None if filename is None else [filename])
+            self.pins.drop_stale(dirname, filenames, wait=wait)
         except OSError as error:  # the pin stays until unpinned (or dropped next time)
             self.counters.add("io_errors")
             self._warn.warning("pin-drop", "galahad: a pin of %s stays: %s", dirname, error)
@@ -558,7 +571,7 @@ class RecordStore:
         self._pool.shutdown(wait=True)
         if self.flusher is not None:
             self.flusher.close()
-        self._persist_counters(force=True)
+        self.pins.close()
         with contextlib.suppress(OSError):
             self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
         self.accounting.close()

@@ -34,11 +34,12 @@ from ..record.namespace import Namespace
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .budget import Budget
 from .eviction import LruIndex
+from .journal import JournalItem
 from .layout import StoreLayout, record_filename
+from .payload import IOV_MAX
 from .quarantine import Quarantine
-from .reader import RecordReader, open_record
+from .reader import RecordReader
 
-IOV_MAX = 1024
 STAGE_BATCH = 32  # records written, then fsynced together (temp files open at once)
 # A batch's encoded records are all held before any is written (their bytes are reserved
 # together): this bounds that memory for encrypted or compressed large pages.
@@ -111,6 +112,15 @@ def _record_bytes(data) -> int:
         return 0  # not a buffer: _prepare reports it
 
 
+def _filename(key) -> str | None:
+    """record_filename(key), computed once per put; None for a key that has none (not a
+    string: _prepare reports it as that record's failure)."""
+    try:
+        return record_filename(key)
+    except Exception:
+        return None
+
+
 def _batches(record_bytes: list[int]):
     """(start, end) of consecutive batches of at most STAGE_BATCH records and, unless one
     record alone is larger, STAGE_BATCH_MAX_BYTES."""
@@ -169,6 +179,7 @@ class RecordWriter:
             self._write_failed(f"{len(keys)} record(s) of {namespace.dirname}", error)
             self.counters.add("puts_failed", len(keys))
             return [False] * len(keys)
+        filenames = [_filename(key) for key in keys]
         try:
             results: list[bool] = []
             sizes = [_record_bytes(data) for data in datas]
@@ -176,7 +187,7 @@ class RecordWriter:
                 results += self._put_batch(
                     namespace,
                     dir_fd,
-                    keys[start:end],
+                    list(zip(keys[start:end], filenames[start:end], strict=True)),
                     datas[start:end],
                     max(sizes[start:end]),
                     on_published,
@@ -187,23 +198,20 @@ class RecordWriter:
             os.close(dir_fd)
         self.counters.add("puts_failed", results.count(False))
         self.index.touch_many_head_last(
-            [
-                (namespace.dirname, record_filename(key))
-                for key, ok in zip(keys, results, strict=True)
-                if ok
-            ]
+            [(namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok]
         )
         return results
 
     def _put_batch(
-        self, namespace, dir_fd, keys, datas, largest_bytes: int, on_published=None
+        self, namespace, dir_fd, names, datas, largest_bytes: int, on_published=None
     ) -> list[bool]:
+        """One batch of (key, file name) pairs and their pages."""
         run = self.parallel if largest_bytes >= PARALLEL_MIN_RECORD_BYTES else _serial
         prepared = run(
             lambda index: self._guarded(
-                self._prepare, namespace, dir_fd, keys[index], datas[index]
+                self._prepare, namespace, dir_fd, *names[index], datas[index]
             ),
-            len(keys),
+            len(names),
         )
         reserved = self._reserve([item for item in prepared if isinstance(item, _Staged)])
         ledger_failed = False
@@ -234,8 +242,9 @@ class RecordWriter:
             self.counters.add("put_bytes", kept_bytes)
             if self.flusher is not None:
                 self.flusher.add(
+                    dir_fd,
                     self.layout.namespace_dir(namespace.dirname),
-                    [item.location[1] for item in published],
+                    [item.filename for item in published],
                 )
         if keep:
             records = [(item.key, item.record) for item in published]
@@ -291,24 +300,17 @@ class RecordWriter:
         """None if no record is there; True if the one there passes the header checks and
         holds a page of this size; False otherwise (it is then replaced)."""
         try:
-            fd = open_record(filename, dir_fd=dir_fd)
+            header, _ = self.reader.stored_header(dir_fd, filename, namespace, key_bytes)
         except FileNotFoundError:
             return None
         except (OSError, fmt.FormatError):
             return False
-        try:
-            header, _ = self.reader.read_header(fd, os.fstat(fd).st_size, namespace, key_bytes)
-            return header.raw_len == raw_len
-        except fmt.FormatError:
-            return False
-        finally:
-            os.close(fd)
+        return header.raw_len == raw_len
 
-    def _prepare(self, namespace: Namespace, dir_fd: int, key: str, data):
+    def _prepare(self, namespace: Namespace, dir_fd: int, key: str, filename: str, data):
         """Phase 1: True if a sound record already exists, else the encoded record as a
         _Staged (nothing reserved or written yet)."""
         key_bytes = fmt.encode_key(key)
-        filename = record_filename(key)
         raw_len = sum(len(segment) for segment in fmt.as_segments(data))
         sound = self._existing_is_sound(namespace, dir_fd, key_bytes, filename, raw_len)
         if sound:
@@ -355,7 +357,7 @@ class RecordWriter:
         for item in pending:
             with contextlib.suppress(OSError, TypeError):
                 inode = os.fstat(item.fd).st_ino
-                items.append((item.filename, inode, item.total_bytes, item.page_bytes))
+                items.append(JournalItem(item.filename, inode, item.total_bytes, item.page_bytes))
 
         def link_all() -> int:
             for item in pending:

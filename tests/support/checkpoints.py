@@ -1,8 +1,9 @@
 """The checkpoint rule as an oracle for the tests: SGLang 0.5.23's token grids on which
 recurrent-state checkpoints live, and the restorable boundary B of docs/CHECKPOINTS.md.
 
-The product does not compute B (SGLang's scheduler resumes from what the backend's hit policy,
-checkpoint/hits.py, reports); the tests hold the backend's answers to this rule.
+The backend does not compute B (SGLang's scheduler resumes from what the backend's hit policy,
+checkpoint/hits.py, reports); the tests hold the backend's answers to this rule, and the
+arithmetic `galahad warm` plans with (checkpoint/prefill.py) to these grids.
 
 SGLang (`srt/arg_groups/overrides.py`, `srt/runtime_context.py`,
 `srt/arg_groups/mamba_hook.py:validate_mamba_extra_buffer`) defines, for the

@@ -4,7 +4,7 @@ verified reads, and the child processes the tests start.
 Import-only. The children's roles (crash writer, budget writer, concurrent writer, reader, open
 measurement) are tests/store_child.py, started by `spawn` with the venv's python and PYTHONPATH
 set to the repository root, so that every process runs this repository's code. The store's files
-on disk: tests/records.py.
+on disk: support/records.py.
 """
 
 from __future__ import annotations
@@ -34,6 +34,23 @@ NS_A = Namespace("tenant-a", "model-fp-1", "kv", GEOMETRY)
 # A table that keeps the low 4 bits of every byte: random bytes through it carry 4 bits of
 # entropy per byte, which zstd roughly halves (well past the store's 1/16 threshold).
 _LOW_NIBBLE = bytes(value & 0x0F for value in range(256))
+
+
+# ----------------------------------------------------------------------------- consistency
+
+
+def assert_store_consistent(root: str, encryption_key_file: str | None = None) -> None:
+    """The store's own check of a root no process has open any more (conftest's
+    store_factory runs it after every test): every record sound, no temp file left, no
+    reservation left in the ledger, and the ledger's committed bytes equal to the disk."""
+    with RecordStore(root, read_only=True, encryption_key_file=encryption_key_file) as store:
+        report = store.check()
+        reservations = store.accounting.ledger.reservations()
+    assert not report.damaged, report.damaged
+    assert not report.unverifiable, report.unverifiable
+    assert not report.stray_temp_files, report.stray_temp_files
+    assert not reservations, f"reservations left in the ledger: {reservations}"
+    assert report.ledger_drift_bytes == 0, (report.ledger_bytes, report.actual_bytes)
 
 
 # ----------------------------------------------------------------------------- content

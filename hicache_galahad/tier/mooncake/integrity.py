@@ -11,7 +11,7 @@ NaCl's one-time authenticator; 0.1-0.2 ms per MiB on the reference box, against 
 BLAKE2b or 1.25 for HMAC-SHA256 over the record). A value without the right tag, or moved to another Mooncake key (whose one-time key
 differs), fails rule M1 before a byte of it is parsed.
 
-Pure apart from reading the key file.
+Pure apart from reading the key file (crypto.read_key_file, the loader of every key file).
 """
 
 from __future__ import annotations
@@ -19,19 +19,17 @@ from __future__ import annotations
 import hashlib
 import hmac
 import os
-import stat
 
 from cryptography.hazmat.primitives.poly1305 import Poly1305
 
-from ...errors import KeyFileError
 from ...record import format as fmt
+from ...record.crypto import read_key_file
 
 INTEGRITY_KEY_BYTES = 32
 NONCE_BYTES = 16
 MAC_BYTES = 16
 TAG_BYTES = NONCE_BYTES + MAC_BYTES  # what a value carries after its record
 _PERSON = b"galahad-mc-v1"  # BLAKE2b personalisation: this use of the key, and no other
-_OPEN_FLAGS = os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0) | getattr(os, "O_NOCTTY", 0)
 _OPTION = "mooncake option 'integrity_key_file'"
 
 
@@ -42,31 +40,10 @@ class ValueTagError(fmt.FormatError):
 
 
 def load_integrity_key(path: str) -> bytes:
-    """Reads the 32-byte cluster integrity key; refuses a file that is not a regular file,
-    that group or others can read or write, or that does not hold exactly 32 bytes. Never
-    blocks (a FIFO is refused, not opened for a writer)."""
-    try:
-        fd = os.open(path, _OPEN_FLAGS)
-    except OSError as error:
-        raise KeyFileError(f"{_OPTION} {path!r}: {error.strerror}") from None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            raise KeyFileError(f"{_OPTION} {path!r} is not a regular file")
-        if info.st_mode & 0o077:
-            raise KeyFileError(
-                f"{_OPTION} {path!r} has mode {oct(info.st_mode & 0o777)}: "
-                "it must not be accessible by group or others (chmod 600)"
-            )
-        key = os.read(fd, INTEGRITY_KEY_BYTES + 1)
-    finally:
-        os.close(fd)
-    if len(key) != INTEGRITY_KEY_BYTES:
-        raise KeyFileError(
-            f"{_OPTION} {path!r} must hold exactly {INTEGRITY_KEY_BYTES} random bytes "
-            f"(e.g. head -c 32 /dev/urandom > key; chmod 600 key), found {len(key)}"
-        )
-    return key
+    """The 32-byte cluster integrity key, with the checks of every key file
+    (crypto.read_key_file: a regular file, owner-only, exactly 32 bytes; a FIFO is refused,
+    never waited on)."""
+    return read_key_file(path, _OPTION, INTEGRITY_KEY_BYTES)
 
 
 class ValueTag:

@@ -30,7 +30,8 @@ from __future__ import annotations
 import logging
 import time
 
-from ...config.mooncake import MooncakeConfigError, MooncakeOptions
+from ...config.mooncake import MooncakeOptions
+from ...errors import MooncakeConfigError
 from ...telemetry.metrics import TIER_COUNTERS, Counters, RateLimitedLog, count_bug
 from .connection import BUG_MESSAGE, MooncakeConnection
 from .integrity import ValueTag, load_integrity_key

@@ -1,0 +1,49 @@
+"""The fourth recall generator (bench/blaise_gen4.py): its questions share no content word with
+their facts beyond the kind noun, its wording and kinds are neither gen2's nor gen3's, every
+family has a same-entity decoy, and its cases place each decoy at least DECOY_DISTANCE bytes
+from its fact, deterministically per seed."""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import pytest
+
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "bench"))
+
+gen4 = pytest.importorskip("blaise_gen4")
+gen3 = pytest.importorskip("blaise_gen3")
+from test_blaise_gen2 import ARTICLES  # noqa: E402
+
+
+def test_no_question_shares_a_content_word_with_a_fact_of_its_family():
+    assert gen4.check_templates() == []
+    assert len(gen4.FAMILIES) == 16 and len(gen4.BY_KIND) == 4
+    assert all(len(gen4.BY_KIND[f.kind]) >= 2 for f in gen4.FAMILIES)
+
+
+def test_its_wording_is_its_own():
+    """No fact or question template of gen4 is one of gen2's or gen3's (nor a kind)."""
+
+    def templates(module):
+        return {t for f in module.FAMILIES for t in (*f.facts, *(q for q, _ in f.questions))}
+
+    ours = templates(gen4)
+    assert not ours & templates(gen4.gen2)
+    assert not ours & templates(gen3)
+    assert not set(gen4.ENTITY_FORMS) & (set(gen4.gen2.ENTITY_FORMS) | set(gen3.ENTITY_FORMS))
+
+
+def test_cases_hold_every_fact_and_decoy_far_apart():
+    docs, facts = gen4.build_case(ARTICLES, gen4.FIRST_SEED, hard=True)
+    assert len(facts) == gen4.gen2.NUM_FACTS
+    corpus = "".join(text for _, text in docs)
+    for fact in facts:
+        where = corpus.index(fact.sentence)
+        assert set(fact.decoys) == {"same_entity", "near_name", "same_value", "echo"}
+        for kind, sentence in fact.decoys.items():
+            if kind != "echo":
+                assert corpus.count(sentence) == 1, (kind, sentence)
+                assert abs(corpus.index(sentence) - where) >= gen4.gen2.DECOY_DISTANCE
+    assert gen4.build_case(ARTICLES, gen4.FIRST_SEED, hard=True)[0] == docs
