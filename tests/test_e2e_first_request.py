@@ -17,6 +17,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -54,19 +55,22 @@ def server_args(root: Path, *parallel: str) -> list[str]:
     """GalahadStorage flags with SGLang's default prefetch policy: no policy flag at all."""
     config = e2e.galahad_config(root, interface_v1=1)
     args = e2e.hicache_args(
-        "page_first_direct", backend="dynamic", extra_config=config, page_size=PAGE_SIZE
+        "page_first_direct",
+        backend="dynamic",
+        extra_config=config,
+        page_size=PAGE_SIZE,
+        prefetch_policy=None,
     )
-    policy = args.index("--hicache-storage-prefetch-policy")
-    del args[policy : policy + 2]
+    assert "--hicache-storage-prefetch-policy" not in args
     return ["--max-total-tokens", "4096", "--skip-server-warmup", *parallel, *args]
 
 
-def compiles(extensions: Path) -> int:
-    """How many times ninja compiled the extension's source in this directory."""
-    log = extensions / EXTENSION / ".ninja_log"
-    if not log.is_file():
-        return 0
-    return sum("\thash_binding.o\t" in line for line in log.read_text().splitlines())
+def built_since(extensions: Path, since_s: float) -> bool:
+    """Whether the extension in this directory was (re)built after `since_s` (wall clock).
+    (ninja's own log cannot say: two ninja versions, the venv's and the system's, each discard
+    the other's log format.)"""
+    library = extensions / EXTENSION / f"{EXTENSION}.so"
+    return library.is_file() and library.stat().st_mtime >= since_s
 
 
 def store_restart_first_request(
@@ -91,7 +95,7 @@ def store_restart_first_request(
         sigkill(server)
 
     before_restart()
-    builds_before = compiles(extensions)
+    restarted_s = time.time()
     server = e2e.start_server(
         model_dir,
         args,
@@ -112,7 +116,7 @@ def store_restart_first_request(
         e2e.assert_cached(first, storage=restorable)
 
         # the restart built the extension in this directory, every rank loaded it before health
-        assert compiles(extensions) > builds_before
+        assert built_since(extensions, restarted_s)
         log = e2e.server_log(server)
         ranks = int(dict(zip(parallel, parallel[1:], strict=False)).get("--tp-size", 1))
         assert log.count("storage-key hash ready after") == ranks, log[-4000:]
@@ -143,7 +147,7 @@ def test_first_request_restores_at_tp2_after_another_paths_build(tiny_model, tmp
     def other_path_built() -> None:
         output, _ = other.communicate(timeout=600)
         assert other.returncode == 0, output[-3000:]
-        assert compiles(extensions) == 1
+        assert built_since(extensions, 0)
 
     try:
         store_restart_first_request(
