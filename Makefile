@@ -1,6 +1,9 @@
 # The two commands of README.md. Each sets up the environment first (.ci/env: cached,
 # keyed on the dependency spec; the first run for a spec takes several minutes).
 PY := .venv/bin/python
+# torch builds SGLang's C++ extensions here (its storage-key hash): one directory per checkout,
+# so two checkouts or venvs never rebuild each other's (tests/sglang_cpu/README.md).
+export TORCH_EXTENSIONS_DIR ?= $(CURDIR)/.torch_ext
 
 # The fast inner loop: the record format, the store, the checkpoint policy, the CLI and the
 # configuration, without any test that starts an SGLang server (e2e) or a model process or a

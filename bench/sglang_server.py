@@ -121,7 +121,7 @@ def hicache_args(
     page_size: int = 4,
     io_backend: str = "direct",
     prefetch_threshold: int = 4,
-    prefetch_policy: str = "wait_complete",
+    prefetch_policy: str | None = "wait_complete",
     write_policy: str = "write_through",
     hicache_ratio: float = 2.0,
 ) -> list[str]:
@@ -132,8 +132,12 @@ def hicache_args(
     256 in SGLang, which is longer than test prompts; it goes into the extra-config JSON, which
     SGLang pops before passing the rest to the backend. For ``dynamic`` backends put
     ``backend_name`` / ``module_path`` / ``class_name`` into ``extra_config``.
+    ``prefetch_policy=None`` leaves SGLang's default (``timeout``).
     """
     config = {"prefetch_threshold": prefetch_threshold, **(extra_config or {})}
+    policy = (
+        [] if prefetch_policy is None else ["--hicache-storage-prefetch-policy", prefetch_policy]
+    )
     return [
         "--page-size", str(page_size),
         "--enable-hierarchical-cache",
@@ -142,7 +146,7 @@ def hicache_args(
         "--hicache-mem-layout", layout,
         "--hicache-write-policy", write_policy,
         "--hicache-storage-backend", backend,
-        "--hicache-storage-prefetch-policy", prefetch_policy,
+        *policy,
         "--hicache-storage-backend-extra-config", json.dumps(config),
     ]  # fmt: skip
 

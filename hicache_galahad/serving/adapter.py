@@ -9,8 +9,9 @@ method SGLang calls runs under `_never_raise`: any failure, including a malforme
 becomes a miss or a False of the right length, for the pages concerned only.
 
 The work is done elsewhere: binding.py (pools to namespaces), transfer.py (pages to and from
-host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), and the store
-it holds (store/record_store.py, or tier/tiered.py with the shared tier).
+host memory), checkpoint/hits.py (how much of a hybrid prompt can be restored), startup.py
+(SGLang's storage-key hash made ready while the backend is constructed), and the store it holds
+(store/record_store.py, or tier/tiered.py with the shared tier).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from ..store.kvstore import KVStore, StoreStats
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .binding import KV, Binder, server_args
+from .startup import KeyHashWarmup
 from .transfer import PageTransfer, exact_page_bytes, flat_target
 
 log = logging.getLogger("hicache_galahad")
@@ -124,6 +126,9 @@ class GalahadStorage(HiCacheStorage):
         count_bug(self.counters, self._warn, where, "galahad: %s (%r); a miss", what, error)
 
     def __init__(self, storage_config, extra_kwargs=None):
+        # SGLang's key hash is built/loaded while the store opens; the constructor returns
+        # only once it is ready (or its bound passed), before the scheduler reports ready.
+        key_hash = KeyHashWarmup(log).start()
         self._warn = RateLimitedLog(log)
         self.counters = Counters()
         self._closed = False
@@ -169,6 +174,7 @@ class GalahadStorage(HiCacheStorage):
             self.options.store.compression,
             "on" if self.options.store.encryption_key_file else "off",
         )
+        self.key_hash_startup = key_hash.wait()
 
     # ------------------------------------------------------------- registration
 
