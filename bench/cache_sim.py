@@ -27,7 +27,7 @@ from collections import OrderedDict
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
-from hicache_galahad.ops.warm import page_keys
+from hicache_galahad.warming.keys import page_keys
 
 NEVER = float("inf")
 
