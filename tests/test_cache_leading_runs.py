@@ -2,8 +2,9 @@
 
 60 documents of 32 small pages (16 tokens), keys chained as SGLang chains them, written in
 batches of 8 pages; every third document is asked again 5 documents later (`batch_exists`,
-then a read of its run); the byte budget holds a quarter of the pages written
-(bench/bench_cache.py, part "runs" and "tp"). GalahadStorage comes out of SGLang's backend
+then a read of its run); the byte budget holds a quarter of the pages written, every rank's
+counted (so a rank's share is 15 documents whatever the ranks; bench/bench_cache.py, part
+"runs" and "tp"). GalahadStorage comes out of SGLang's backend
 factory over a real host pool; with several TP ranks each rank is its own process with its own
 backend of its tp_rank, on one root and one budget, replaying the same script in lockstep with
 the hit query MIN-reduced across ranks as SGLang's controller does.
@@ -36,6 +37,7 @@ def test_one_rank_keeps_leading_runs(tmp_path):
 
 def test_four_ranks_keep_the_same_runs(tmp_path):
     figure = restorable_share(tmp_path, 4)
+    assert figure["budget_pages"] == 4 * DOCUMENTS * PAGES // 4
     assert len(figure["own_run_ratios"]) == 4
     assert figure["ratio"] >= 0.9, figure
 
