@@ -185,7 +185,7 @@ def test_one_ledger_update_per_settled_batch():
 
 
 def test_pinned_bytes_are_never_evicted_for_and_refuse_without_a_recount():
-    """Pinned records (store/pins.py) are in the ledger but not in the eviction order: the
+    """Pinned records (store/pins/) are in the ledger but not in the eviction order: the
     loose records go first, and a put that only evicting a pin could fit fails, counted in
     no_space_pinned, with nothing deleted and no recount of the ledger."""
     ledger, index = FakeLedger(committed=700), LruIndex()  # 700 pinned bytes, not indexed

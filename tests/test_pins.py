@@ -1,4 +1,4 @@
-"""Pins (store/pins.py, issue 23): records eviction keeps, shared by every process on a root.
+"""Pins (store/pins/, issue 23): records eviction keeps, shared by every process on a root.
 
 Real files and real processes throughout: eviction storms come from another process, pins
 are killed with SIGKILL in the middle (at random moments, and at exact steps by a child that
@@ -53,7 +53,7 @@ def fill(store: RecordStore, namespace: Namespace, keys, raw: int = RAW) -> dict
 
 def pins_truth(root) -> dict[str, int]:
     """Pinned bytes per tenant from the disk: every pin file, its bytes and tenant, with the
-    invariants of store/pins.py checked on the way (a pin file has a record link and at
+    invariants of store/pins/ checked on the way (a pin file has a record link and at
     least one document's link; a record link has its pin file)."""
     truth: dict[str, int] = {}
     refs = os.path.join(root, "pins", "refs")

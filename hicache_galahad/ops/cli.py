@@ -346,7 +346,7 @@ def build_parser() -> argparse.ArgumentParser:
     gc.add_argument("--max-bytes", help="budget to apply (default: the servers' max_bytes)")
     gc.set_defaults(run=cmd_gc)
 
-    pins_cli.register(commands)  # unpin (store/pins.py)
+    pins_cli.register(commands)  # unpin (store/pins/)
 
     inspect = commands.add_parser("inspect", help="one record's header in words")
     root_options(inspect, key=True)

@@ -397,7 +397,7 @@ class Accounting:
                         with contextlib.suppress(OSError):
                             info = os.stat(entry.name, dir_fd=ns_fd, follow_symlinks=False)
                             size = accounted_bytes(info)
-                            # pinned (store/pins.py), never a candidate; another
+                            # pinned (store/pins/), never a candidate; another
                             # link (a `cp -al` backup) is no pin
                             if (size or info.st_size == 0) and not self.is_pinned(
                                 dirname, entry.name, info
@@ -439,7 +439,7 @@ class Accounting:
             ):
                 return None  # replaced, or used since it was sampled: it stays
             if (expected is not None or keep_pinned) and self.is_pinned(dirname, filename, info):
-                return None  # pinned since it was sampled (store/pins.py): it stays
+                return None  # pinned since it was sampled (store/pins/): it stays
             size = accounted_bytes(info)
             journal(Journal.DELETE, dirname, [JournalItem(filename, info.st_ino, size)])
             try:

@@ -6,7 +6,7 @@ first) and an `Evictor` that keeps the shared order (fifo.py, through accounting
 deletes what the policy chooses. Eviction never starts
 unless deleting everything it can see could cover the shortfall: a ledger that over-counts
 (leaked reservations, a damaged ledger) must fail a put, never empty the store. Pinned records
-(store/pins.py) are not evictable: a put that could only fit by evicting a pin fails
+(store/pins/) are not evictable: a put that could only fit by evicting a pin fails
 (counted in `no_space_pinned`), without evicting anything and without a recount.
 """
 

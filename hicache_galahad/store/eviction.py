@@ -98,7 +98,7 @@ class SampledLru:
     wrote is never the first to go even within the reader's 2 s. Same interface as
     LruIndex, so that budget.Budget works with either.
 
-    Pinned records (store/pins.py: a link of the file under pins/records) are never
+    Pinned records (store/pins/: a link of the file under pins/records) are never
     candidates: the sample leaves out a file with a second link when pins/ has it (one more
     stat, only for such a file: a `cp -al` backup's link is no pin), and `total_bytes` leaves
     out the pinned bytes (`pinned_bytes`, set by the store). This is the fallback of the

@@ -96,7 +96,7 @@ class FileEntry:
     accounted_bytes: int
     mtime_ns: int
     inode: int
-    links: int = 1  # more than one: pinned (store/pins.py), or a writer's temp link for a moment
+    links: int = 1  # more than one: pinned (store/pins/), or a writer's temp link for a moment
 
     @property
     def location(self) -> tuple[str, str]:

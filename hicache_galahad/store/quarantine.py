@@ -42,7 +42,7 @@ class Quarantine:
         # Whose held namespace descriptors moves start from (the store sets its own layout).
         self.layout = layout or StoreLayout(os.path.dirname(quarantine_dir))
         # Told (dirname, filename) of each record moved, outside the ledger's lock: the
-        # store drops its pin (store/pins.py), so a quarantined record's bytes do not stay held.
+        # store drops its pin (store/pins/), so a quarantined record's bytes do not stay held.
         self.on_moved = lambda dirname, filename: None
 
     def _dir_fd(self) -> int:

@@ -1,21 +1,9 @@
 """RecordStore: verified, crash-safe, budgeted records on a local filesystem.
 
-The public verbs of the store; each job is done by its own module:
-
-    layout.py      paths under the root, directory scans, namespace descriptions
-    namespaces.py  the namespaces served and their descriptions on disk
-    codec.py       digest, zstd and AES-GCM settings: pages to records and back
-    reader.py      the verified read paths (the one place that decides validity)
-    writer.py      the staged write: temp files, one flush, publication with link(2)
-    budget.py      the cap and the free-space floor; eviction policy
-    accounting.py  the ledger kept true; every deletion releases what it freed
-    quarantine.py  damaged records moved aside
-    checker.py     `check`: every record verified with the reader's rules
-    flusher.py     deferred durability: published records fsynced in the background
-    ledger.py      the byte count shared by every process on the root
-    eviction.py    the LRU order of the records this process knows
-    lifetime.py    counters and settings persisted for `galahad stats`
-    metrics.py     counters and rate-limited warnings
+The public verbs of the store over its parts, each a module of this package (README.md's
+Layout and docs/ARCHITECTURE.md's Modules table name every one): the layout of the root, the
+verified reader, the staged writer, the budget and its shared eviction order, the ledger and
+its accounting, the quarantine, the checker, the flusher, the pins and the persisted counters.
 
 Every public method is safe to call from many threads and from several processes on one
 root. Data errors never raise: a read that fails any check is a miss (counted, quarantined,
@@ -88,7 +76,7 @@ class RecordStore:
         self.index = self.accounting.index
         self.quarantine_box = self.accounting.quarantine
         self.quarantine_box.layout = self.layout  # moves start from the held descriptors
-        self.pins = Pins(  # store/pins.py: records eviction keeps
+        self.pins = Pins(  # store/pins/: records eviction keeps
             self.layout,
             self.accounting.ledger,
             token=self.accounting.token,
@@ -507,7 +495,7 @@ class RecordStore:
         at most `max_bytes`; returns (files evicted, bytes freed)."""
         return self.accounting.evict_to(max_bytes)
 
-    # ----------------------------------------------------------------- pins (store/pins.py)
+    # ----------------------------------------------------------------- pins (store/pins/)
 
     def pin(self, namespace: Namespace, keys: list[str], document: str) -> PinResult:
         """Pins the records of `keys` for `document` (any label): eviction keeps them until
