@@ -31,7 +31,6 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-logging.disable(logging.WARNING)
 
 from sglang.srt.mem_cache.hicache_storage import (  # noqa: E402
     HiCacheFile,
@@ -242,6 +241,7 @@ def main() -> None:
     parser.add_argument("--neighbours", type=int, default=0, help="busy processes for the run")
     parser.add_argument("--rounds", type=int, default=None, help="default 4 (--quick: 2)")
     args = parser.parse_args()
+    logging.disable(logging.WARNING)  # in the script only: importers keep their logging
     rounds = args.rounds or (2 if args.quick else 4)
     work = tempfile.mkdtemp(prefix="galahad-bench-backend-", dir=os.environ.get("BENCH_DIR"))
     print(

@@ -97,3 +97,21 @@ def test_hicache_storage_config_is_built_in_one_place():
     assert set(builders) - PENDING_CONFIG_BUILDERS == {"bench/sglang_server.py"}, builders
     config = __import__("e2e_support").storage_config({"a": 1}, model_name="m", tp_size=2)
     assert (config.tp_size, config.model_name, config.extra_config) == (2, "m", {"a": 1})
+
+
+def test_no_bench_module_silences_logging_at_import():
+    """By the code (ast): `logging.disable` only inside functions, never at a module's top
+    level, where importing the module (tests/test_bench_cache.py imports bench_cache, which
+    imports bench_backend) silenced every later test's warnings and failed their caplog."""
+    found = []
+    for path in sorted(REPO.glob("bench/*.py")):
+        for node in ast.parse(path.read_text(encoding="utf-8")).body:
+            calls = [n for n in ast.walk(node) if isinstance(n, ast.Call)]
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+                continue
+            found += [
+                f"{path.name}:{call.lineno}"
+                for call in calls
+                if isinstance(call.func, ast.Attribute) and call.func.attr == "disable"
+            ]
+    assert found == []
