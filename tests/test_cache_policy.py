@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 from support.store_helpers import NS_A, count_directory_entries
 
@@ -122,6 +123,35 @@ def test_pages_read_again_outlive_pages_never_read(tmp_path):
         queues = store.eviction_queues()
         assert queues["main_bytes"] >= 16 * PAGE and queues["small_bytes"] > 0
         assert queues["ledger_bytes"] <= 64 * size
+
+
+def test_a_page_read_again_and_again_within_the_touch_interval_stays(tmp_path):
+    """A reader sets a record's modification time at most every RECENCY_INTERVAL_S (2 s), so
+    a hot page read on every request, fast, had its use seen once: in the main queue it then
+    looked unused at the hand and went as in a plain FIFO (bench_cache zipf_chat: 19 points
+    below LRU). Every read is noted for the order (eviction.RecentReads). Here every document
+    is read once after it is written (so the main queue fills and its hand turns), and the
+    hot pages on every request: they all stay."""
+    size = record_bytes(tmp_path / "probe")
+    with RecordStore(str(tmp_path / "store"), max_bytes=64 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+
+        def read(keys):
+            return store.get_many_into(namespace, keys, [bytearray(PAGE) for _ in keys])
+
+        hot = document_keys(0, 8)
+        assert all(store.put_many(namespace, hot, [bytes(PAGE)] * 8))
+        started_s = time.monotonic()
+        previous = None
+        for document in range(1, 61):  # 7.5 budgets
+            keys = document_keys(document, 8)
+            assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 8))
+            assert read(hot) == [True] * 8
+            if previous is not None:
+                read(previous)
+            previous = keys
+        assert time.monotonic() - started_s < 2.0, "slower than the touch interval: no test"
+        assert store.leading_run(namespace, hot) == 8
 
 
 def test_a_purge_by_age_keeps_a_record_pinned_after_its_scan(tmp_path, monkeypatch):

@@ -16,6 +16,7 @@ dead writers are swept by a background thread, and only when a dead writer is fo
 from __future__ import annotations
 
 import contextlib
+import itertools
 import os
 import random
 import threading
@@ -24,7 +25,7 @@ import time
 from ..errors import ConfigError
 from ..record import format as fmt
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
-from .eviction import SampledLru
+from .eviction import RecentReads, SampledLru
 from .fifo import MAIN, S_SHARE, SMALL, SharedFifo, SiblingGroups
 from .journal import Journal, JournalItem
 from .layout import (
@@ -79,8 +80,10 @@ class Accounting:
         read_only: bool,
         counters: Counters,
         warn: RateLimitedLog,
+        recent_reads: RecentReads | None = None,
     ):
         self.layout = layout
+        self.recent_reads = recent_reads if recent_reads is not None else RecentReads()
         self.read_only = read_only
         self.counters = counters
         self._warn = warn
@@ -612,10 +615,15 @@ class Accounting:
             if 2 * fifo.queued_bytes() < committed:
                 return None
             self.siblings.refresh(fifo.dirnames())
-            walks = (fifo.entries(SMALL), fifo.entries(MAIN))
+            now_ns = time.time_ns()
+            # M's walk ends where this pass's own appends begin (stamped now_ns): a record
+            # it just moved to M's tail, as used, is never judged again in the same pass.
+            walks = (
+                fifo.entries(SMALL),
+                itertools.takewhile(lambda entry: entry.time_ns < now_ns, fifo.entries(MAIN)),
+            )
             planned_names: set = set()
             found = steps = 0
-            now_ns = time.time_ns()
             while found < want_bytes and steps < PLAN_MAX_ENTRIES:
                 steps += 1
                 small_first = fifo.queued_bytes(SMALL) >= S_SHARE * fifo.queued_bytes()
@@ -701,7 +709,8 @@ class Accounting:
         info = self._stat_record(dirname, entry.filename)
         if info is None:
             return 0
-        if info.st_mtime_ns > entry.time_ns or self.is_pinned(dirname, entry.filename, info):
+        used_ns = max(info.st_mtime_ns, self.recent_reads.last_ns(entry.filename))
+        if used_ns > entry.time_ns or self.is_pinned(dirname, entry.filename, info):
             fifo.append(MAIN, [(entry.name_index, entry.filename, accounted_bytes(info), now_ns)])
             return 0
         if entry.queue == SMALL:

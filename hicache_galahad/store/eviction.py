@@ -85,6 +85,27 @@ RECENT_USES_MAX = 65536  # this process's own recent uses kept exactly (bounded 
 POOL_MAX = 32  # eviction candidates kept between evictions
 
 
+class RecentReads:
+    """When this process last read each key (by record file name, so every rank's namespace
+    of a key shares it), at every read: what the shared order (fifo.py) asks besides the
+    file's modification time, which a reader sets at most every RECENCY_INTERVAL_S (a
+    futimens per read would cost each read a system call). Without it, a key read again and
+    again within that interval looked unused at the hand, and the main queue behaved as a
+    plain FIFO (bench_cache's zipf_chat: 19 points below LRU). Bounded: cleared when full,
+    which forgets at most RECENT_USES_MAX keys' uses for the rest of their interval."""
+
+    def __init__(self):
+        self._read_ns: dict[str, int] = {}
+
+    def note(self, filename: str) -> None:
+        if len(self._read_ns) >= RECENT_USES_MAX:
+            self._read_ns.clear()
+        self._read_ns[filename] = time.time_ns()
+
+    def last_ns(self, filename: str) -> int:
+        return self._read_ns.get(filename, 0)
+
+
 class SampledLru:
     """Least-recently-used eviction without an index of the records (issues 19 and 24).
 

@@ -27,6 +27,7 @@ from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
 from . import payload
+from .eviction import RecentReads
 from .file_verifier import FileVerifier
 from .layout import StoreLayout, record_filename
 from .payload import IOV_MAX, NOT_REGULAR_ERRNOS, RWF_NOWAIT, ScratchBuffers, open_record
@@ -104,10 +105,18 @@ class OpenedRecord:
 class RecordReader:
     """Reads records of one store root, verifying every rule of docs/FORMAT.md."""
 
-    def __init__(self, layout: StoreLayout, codec: RecordCodec, *, read_only: bool = False):
+    def __init__(
+        self,
+        layout: StoreLayout,
+        codec: RecordCodec,
+        *,
+        read_only: bool = False,
+        recent_reads: RecentReads | None = None,
+    ):
         self.layout = layout
         self.codec = codec
         self.read_only = read_only
+        self._recent_reads = recent_reads if recent_reads is not None else RecentReads()
         self._key_proven: set[str] = set()  # namespaces where this reader's key opened a record
         self._used_s: dict = {}  # location -> when this process last set its time of last use
         self._nowait_works = bool(RWF_NOWAIT)
@@ -232,6 +241,7 @@ class RecordReader:
         """Sets the record's modification time, its time of last use, unless this process
         set it less than RECENCY_INTERVAL_S ago: eviction after a restart and `purge
         --older-than` then see what was used (a read-only reader changes nothing)."""
+        self._recent_reads.note(location[1])
         now_s = time.monotonic()
         last_s = self._used_s.get(location)
         if last_s is not None and now_s - last_s < RECENCY_INTERVAL_S:

@@ -27,6 +27,7 @@ from ..telemetry.metrics import Counters, RateLimitedLog, count_bug, failed
 from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
+from .eviction import RecentReads
 from .flusher import Flusher
 from .kvstore import StoreStats
 from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
@@ -70,8 +71,13 @@ class RecordStore:
             master_key=master_key,
             allow_unverified=options.allow_unverified,
         )
+        recent_reads = RecentReads()  # every read, for the shared eviction order
         self.accounting = Accounting(
-            self.layout, read_only=self.read_only, counters=self.counters, warn=self._warn
+            self.layout,
+            read_only=self.read_only,
+            counters=self.counters,
+            warn=self._warn,
+            recent_reads=recent_reads,
         )
         self.index = self.accounting.index
         self.quarantine_box = self.accounting.quarantine
@@ -101,7 +107,9 @@ class RecordStore:
             on_event=self.counters.add,
             pinned_bytes=self.pins.total_bytes,
         )
-        self.reader = RecordReader(self.layout, self.codec, read_only=self.read_only)
+        self.reader = RecordReader(
+            self.layout, self.codec, read_only=self.read_only, recent_reads=recent_reads
+        )
         deferred = options.durability == "deferred" and not self.read_only
         self.flusher = Flusher(options.flush_interval_s, self.counters) if deferred else None
         self._io_threads = options.io_threads
