@@ -11,7 +11,7 @@ import time
 
 from ..record.namespace import Namespace
 from .directories import HeldDirectories
-from .safe_files import RECORD_OPEN_FLAGS, create_temp
+from .safe_files import RECORD_OPEN_FLAGS, replace_file
 
 NAMESPACE_FILE = "namespace.json"
 NAMESPACE_TEMP_SUFFIX = ".tmp"
@@ -68,19 +68,15 @@ class NamespaceFiles(HeldDirectories):
         dir_fd = self.namespace_fd(dirname, recheck=True)  # a directory made again is taken
         if self.load_namespace(dirname) == namespace:
             return
-        fd, temp_name = create_temp(
-            NAMESPACE_FILE + ".", NAMESPACE_TEMP_SUFFIX, dir_fd=dir_fd, mode=0o666
+        description = namespace.describe() | {"digest": namespace.digest.hex()}
+        replace_file(
+            NAMESPACE_FILE,
+            json.dumps(description).encode(),
+            dir_fd=dir_fd,
+            temp_suffix=NAMESPACE_TEMP_SUFFIX,
+            durable=durable,
+            mode=0o666,
         )
-        try:
-            with os.fdopen(fd, "w") as description:
-                json.dump(namespace.describe() | {"digest": namespace.digest.hex()}, description)
-                description.flush()
-                if durable:
-                    os.fsync(description.fileno())
-            os.replace(temp_name, NAMESPACE_FILE, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-        finally:
-            with contextlib.suppress(OSError):
-                os.unlink(temp_name, dir_fd=dir_fd)
         if durable:
             os.fsync(dir_fd)
             os.fsync(ns_fd)

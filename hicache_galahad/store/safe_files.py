@@ -4,6 +4,7 @@ exclusively under unpredictable names (so a planted hard link is never written t
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import stat
@@ -51,6 +52,27 @@ def create_temp(prefix: str, suffix: str, *, dir_fd: int, mode: int = 0o644) -> 
             return os.open(name, flags, mode, dir_fd=dir_fd), name
         except FileExistsError:
             continue  # 64 random bits taken: planted, or a one-in-2^64 collision
+
+
+def replace_file(
+    name: str, data: bytes, *, dir_fd: int, temp_suffix: str, durable: bool, mode: int = 0o644
+) -> None:
+    """Replaces the file `name` in `dir_fd` with `data` atomically: written to a temp file
+    made by create_temp (`name.<random><temp_suffix>`), fsynced when `durable`, renamed over
+    `name`; the temp is unlinked if anything fails. The caller fsyncs the directory."""
+    fd, temp = create_temp(f"{name}.", temp_suffix, dir_fd=dir_fd, mode=mode)
+    try:
+        try:
+            os.write(fd, data)
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.rename(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
+    except BaseException:
+        with contextlib.suppress(OSError):
+            os.unlink(temp, dir_fd=dir_fd)
+        raise
 
 
 def read_small_file(path: str, max_bytes: int = METADATA_MAX_BYTES, *, dir_fd=None) -> bytes:

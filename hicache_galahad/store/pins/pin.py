@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 from ...record.namespace import Namespace
 from ..layout import accounted_bytes, record_filename
-from ..safe_files import OPEN_FLAGS, create_temp
+from ..safe_files import OPEN_FLAGS, replace_file
 from .limits import PinLimits
 from .state import count, journal, locked, settle, state_total
 from .tree import (
@@ -131,18 +131,8 @@ def replace_manifest(root: PinsRoot, doc_fd: int, manifest: dict) -> None:
     """Replaces a document's manifest atomically, through a temp file created exclusively
     under a random name (renamed before the pins lock is released: one found there was left
     by a process that died, and is removed by write_manifest or unpin)."""
-    fd, temp = create_temp(f"{MANIFEST}.", TEMP_SUFFIX, dir_fd=doc_fd)
-    try:
-        try:
-            os.write(fd, json.dumps(manifest, sort_keys=True).encode())
-            if root.durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temp, MANIFEST, src_dir_fd=doc_fd, dst_dir_fd=doc_fd)
-    except BaseException:
-        unlink_at(temp, doc_fd)
-        raise
+    raw = json.dumps(manifest, sort_keys=True).encode()
+    replace_file(MANIFEST, raw, dir_fd=doc_fd, temp_suffix=TEMP_SUFFIX, durable=root.durable)
 
 
 def _pin_batch(root, dirs, state, namespace, keys, doc, result: PinResult, limit_bytes):

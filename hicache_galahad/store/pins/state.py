@@ -26,7 +26,7 @@ import os
 from typing import NamedTuple
 
 from ..layout import accounted_bytes, is_record_name
-from ..safe_files import create_temp, open_regular
+from ..safe_files import open_regular, replace_file
 from .tree import (
     DOCS_DIR,
     LOCK_FILE,
@@ -148,18 +148,7 @@ def write_state(root: PinsRoot, dirs: Dirs, state: dict) -> None:
     (a planted link at any name is never written through), renamed over it."""
     pins_fd = dirs.pins_fd
     raw = json.dumps(state, sort_keys=True).encode()
-    fd, temp = create_temp(f"{STATE_FILE}.", TEMP_SUFFIX, dir_fd=pins_fd)
-    try:
-        try:
-            os.write(fd, raw)
-            if root.durable:
-                os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.rename(temp, STATE_FILE, src_dir_fd=pins_fd, dst_dir_fd=pins_fd)
-    except BaseException:
-        unlink_at(temp, pins_fd)
-        raise
+    replace_file(STATE_FILE, raw, dir_fd=pins_fd, temp_suffix=TEMP_SUFFIX, durable=root.durable)
     if root.durable:
         os.fsync(pins_fd)
 
