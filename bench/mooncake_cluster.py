@@ -1,6 +1,6 @@
 """A real Mooncake Store cluster on loopback for tests and benchmarks: one master and one store
-daemon. The tests import it as `support.mooncake_cluster` (tests/support/mooncake_cluster.py
-makes that name this module); pytest is imported only by the two helpers that need it.
+daemon. The tests import it as `bench.mooncake_cluster`, as the benchmarks do; pytest is imported
+only by the two helpers that need it.
 
 `MooncakeCluster` starts `mooncake_master` and a dedicated `mooncake_client` daemon (which holds
 the memory; test clients are pure clients) on free 127.0.0.1 ports, each in its own process

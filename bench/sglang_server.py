@@ -1,5 +1,5 @@
-"""Real SGLang servers for the end-to-end tests and the benchmarks (tests import this module as
-``e2e_support``: tests/e2e_support.py makes that name this module).
+"""Real SGLang servers for the end-to-end tests and the benchmarks (both import this module as
+``bench.sglang_server``).
 
 A server runs under ``tests/sglang_cpu/run`` (the CPU test harness: python-only ``sgl_kernel``
 stand-in, ``SGLANG_USE_CPU_ENGINE=1`` and the opt-in runtime patches; see

@@ -3,10 +3,11 @@
 Helper functions live in import-only modules in tests/support/: records.py (records on disk,
 page keys, key files), store_helpers.py (record store tests, their child processes and the
 store's consistency check), sglang_pools.py (real SGLang host pools and backends),
-hybrid_models.py (tiny transformers hybrid models), checkpoints.py (the checkpoint rule, the
-tests' oracle) and mooncake_cluster.py; tests/e2e_support.py is the harness of real SGLang
-servers on CPU (bench/sglang_server.py). The fixtures import them only when a test asks for
-one, so that collecting a test that needs neither torch nor SGLang imports neither.
+hybrid_models.py (tiny transformers hybrid models) and checkpoints.py (the checkpoint rule, the
+tests' oracle). The harnesses the tests share with the benchmarks live in bench/ and are
+imported from there: bench/sglang_server.py (real SGLang servers, on CPU here) and
+bench/mooncake_cluster.py (a real Mooncake cluster). The fixtures import them only when a test
+asks for one, so that collecting a test that needs neither torch nor SGLang imports neither.
 
 Markers (pyproject.toml): `e2e` on every test that starts an SGLang server, `slow` on every
 other test that starts a model process or a real Mooncake cluster, or runs long. `make
@@ -15,7 +16,14 @@ test-fast` runs what carries neither.
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+_REPO = str(Path(__file__).resolve().parent.parent)
+if _REPO not in sys.path:
+    sys.path.append(_REPO)  # `bench` for a bare `pytest`; after tests/, so `support` is the tests'
 
 
 @pytest.fixture
@@ -75,14 +83,14 @@ def store_factory(tmp_path):
 @pytest.fixture(scope="session")
 def tiny_model():
     """The tiny local Llama of the CPU harness (built once, cached on disk)."""
-    import e2e_support
+    from bench import sglang_server
 
-    return e2e_support.ensure_model("llama", "tiny")
+    return sglang_server.ensure_model("llama", "tiny")
 
 
 @pytest.fixture(scope="session")
 def hybrid_model():
     """The tiny local Qwen3-Next (hybrid: gated delta net and full attention) of the harness."""
-    import e2e_support
+    from bench import sglang_server
 
-    return e2e_support.ensure_model("qwen3-next", "tiny")
+    return sglang_server.ensure_model("qwen3-next", "tiny")

@@ -32,7 +32,7 @@ logging.getLogger("hicache_galahad").addHandler(Keep())
 logging.getLogger("hicache_galahad").setLevel(logging.INFO)
 from sglang.srt.mem_cache.cpp_utils import native_hash
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
-from e2e_support import galahad_config, storage_config
+from bench.sglang_server import galahad_config, storage_config
 import hicache_galahad.serving.startup as startup
 startup.KEY_HASH_WAIT_S = {wait_s!r}
 started = time.monotonic()

@@ -1,6 +1,6 @@
-"""bench/ imports nothing from tests/: the SGLang server harness both use lives in
-bench/sglang_server.py, which the tests import as `e2e_support` (the same module object), and
-HiCacheStorageConfig is built in one place (sglang_server.storage_config)."""
+"""bench/ imports nothing from tests/: the harnesses both use live in bench/ (sglang_server.py,
+mooncake_cluster.py), where the tests import them from, no module stands in for another in
+sys.modules, and HiCacheStorageConfig is built in one place (sglang_server.storage_config)."""
 
 from __future__ import annotations
 
@@ -17,7 +17,7 @@ PENDING_CONFIG_BUILDERS = {"bench/gpu_check.py"}
 
 BENCH_MODULES = sorted(path.stem for path in REPO.glob("bench/*.py") if path.stem != "__init__")
 # The top-level names a module of tests/ is imported by (tests/ on sys.path, or the repository).
-TEST_NAMES = {"tests", "support", "e2e_support", "conftest"}
+TEST_NAMES = {"tests", "support", "conftest"}
 
 
 def _from_tests(name: str) -> bool:
@@ -26,7 +26,7 @@ def _from_tests(name: str) -> bool:
 
 def test_no_bench_module_names_a_module_of_tests():
     """By the code (ast): no `import tests...`, `from tests...`, nor a name only tests/ on the
-    path would find (support, e2e_support), anywhere in bench/, functions included."""
+    path would find (support), anywhere in bench/, functions included."""
     found = []
     for path in sorted(REPO.glob("bench/*.py")):
         for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
@@ -43,8 +43,7 @@ def test_no_bench_module_names_a_module_of_tests():
 def test_every_bench_module_imports_with_no_tests_path_and_no_tests_module(tmp_path):
     """Each bench/*.py module's top level, imported with only the repository on the path, puts
     no tests/ directory on sys.path and loads no module of tests/ (the Mooncake cluster the
-    benchmarks start is bench/mooncake_cluster.py; the tests import it as
-    support.mooncake_cluster, the same module object)."""
+    benchmarks start is bench/mooncake_cluster.py, which the tests import too)."""
     code = (
         f"import importlib, json, sys; sys.path.insert(0, {str(REPO)!r})\n"
         f"for name in {BENCH_MODULES!r}: importlib.import_module('bench.' + name)\n"
@@ -57,7 +56,7 @@ def test_every_bench_module_imports_with_no_tests_path_and_no_tests_module(tmp_p
     assert done.returncode == 0, done.stderr[-2000:]
     seen = json.loads(done.stdout.splitlines()[-1])
     tests_dir = REPO / "tests"
-    on_path = [entry for entry in seen["path"] if entry.rstrip("/").endswith("tests")]
+    on_path = [entry for entry in seen["path"] if Path(entry).name == "tests"]
     on_path += [e for e in seen["path"] if e and Path(e).resolve().is_relative_to(tests_dir)]
     assert on_path == []
     assert [name for name in seen["modules"] if _from_tests(name)] == []
@@ -65,23 +64,21 @@ def test_every_bench_module_imports_with_no_tests_path_and_no_tests_module(tmp_p
     assert {"bench.mooncake_cluster", "bench.sglang_server"} <= set(seen["modules"])
 
 
-def test_the_tests_mooncake_cluster_is_the_bench_module():
-    from support import mooncake_cluster
-
-    from bench import mooncake_cluster as bench_cluster
-    from tests.support import mooncake_cluster as by_package
-
-    assert mooncake_cluster is bench_cluster is by_package
-    assert mooncake_cluster.MooncakeCluster.__module__ == "bench.mooncake_cluster"
-
-
-def test_e2e_support_is_the_bench_harness():
-    import e2e_support
-
-    from bench import serving, sglang_server
-
-    assert e2e_support is sglang_server and serving.e2e is sglang_server
-    assert e2e_support.start_server.__module__ == "bench.sglang_server"
+def test_no_module_replaces_itself_in_sys_modules():
+    """By the code (ast): no module of tests/ or bench/ assigns to `sys.modules[...]` anything
+    but None (which tests use to block an import). A module that put another in its own place
+    (tests/e2e_support.py and tests/support/mooncake_cluster.py did) hid where its names live."""
+    found = []
+    for path in sorted([*REPO.glob("bench/*.py"), *REPO.glob("tests/**/*.py")]):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if not isinstance(node, ast.Assign) or (
+                isinstance(node.value, ast.Constant) and node.value.value is None
+            ):
+                continue
+            for target in node.targets:
+                if isinstance(target, ast.Subscript) and ast.unparse(target.value) == "sys.modules":
+                    found.append(f"{path.relative_to(REPO)}:{node.lineno}")
+    assert found == []
 
 
 def test_hicache_storage_config_is_built_in_one_place():
@@ -95,7 +92,9 @@ def test_hicache_storage_config_is_built_in_one_place():
             ):
                 builders.append(str(path.relative_to(REPO)))
     assert set(builders) - PENDING_CONFIG_BUILDERS == {"bench/sglang_server.py"}, builders
-    config = __import__("e2e_support").storage_config({"a": 1}, model_name="m", tp_size=2)
+    from bench.sglang_server import storage_config
+
+    config = storage_config({"a": 1}, model_name="m", tp_size=2)
     assert (config.tp_size, config.model_name, config.extra_config) == (2, "m", {"a": 1})
 
 

@@ -313,7 +313,7 @@ def sglang_storage():
 
 def hicache_file_exists_v2(storage, num_keys, num_kv_pages, states, num_trailing_keys):
     """Run SGLang's own HiCacheFile.batch_exists_v2 over files laid out on disk."""
-    from e2e_support import storage_config
+    from bench.sglang_server import storage_config
 
     config = storage_config(model_name="checkpoint-test")
     with tempfile.TemporaryDirectory() as directory:

@@ -8,10 +8,10 @@ Blaise and the KV store share one root: text under <root>/blaise, KV pages under
 
 from __future__ import annotations
 
-import e2e_support as e2e
 import pytest
 from support.records import pool_records
 
+from bench import sglang_server as e2e
 from hicache_galahad.blaise import Blaise
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -21,12 +21,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-import e2e_support as e2e
 import pytest
 from test_e2e_tp import TP
 from test_e2e_warm import TEXT, galahad, sigkill, tokenize
 
 import hicache_galahad
+from bench import sglang_server as e2e
 
 pytestmark = pytest.mark.e2e
 

@@ -6,9 +6,10 @@ from __future__ import annotations
 import json
 import os
 
-import e2e_support as e2e
 import pytest
 from support.records import budgeted_files, flip_byte, pool_records, record_files
+
+from bench import sglang_server as e2e
 
 pytestmark = pytest.mark.e2e
 

@@ -22,9 +22,10 @@ import random
 import sys
 from pathlib import Path
 
-import e2e_support as e2e
 import pytest
 from support.records import find_record, flip_byte, page_keys, pool_records
+
+from bench import sglang_server as e2e
 
 sys.path.insert(0, str(e2e.HARNESS_DIR / "patches"))
 from sglang_cpu_patches.cpu_hybrid import HYBRID_PATCHES  # noqa: E402

@@ -10,11 +10,11 @@ import subprocess
 import sys
 import time
 
-import e2e_support as e2e
 import pytest
 import requests
 from support.records import pool_records
 
+from bench import sglang_server as e2e
 from hicache_galahad.store import lifetime
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

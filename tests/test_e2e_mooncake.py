@@ -8,11 +8,12 @@ from __future__ import annotations
 
 import time
 
-import e2e_support as e2e
 import pytest
-from support.mooncake_cluster import ENV, mooncake_cluster_fixture
 from support.records import pool_records
 from test_e2e_hybrid import HARNESS_ENV, INTERVAL, hybrid_args, prompt_of
+
+from bench import sglang_server as e2e
+from bench.mooncake_cluster import ENV, mooncake_cluster_fixture
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

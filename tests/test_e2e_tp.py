@@ -31,11 +31,11 @@ import time
 import warnings
 from pathlib import Path
 
-import e2e_support as e2e
 import pytest
 from support.records import budgeted_files, flip_byte, page_keys, pool_records
 
 import hicache_galahad
+from bench import sglang_server as e2e
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 

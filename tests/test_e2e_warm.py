@@ -15,12 +15,12 @@ import signal
 import subprocess
 import sys
 
-import e2e_support as e2e
 import pytest
 from test_e2e_hybrid import HARNESS_ENV as HYBRID_ENV
 from test_e2e_hybrid import INTERVAL, hybrid_args
 
 import hicache_galahad
+from bench import sglang_server as e2e
 from hicache_galahad.store import RecordStore
 
 pytestmark = pytest.mark.e2e

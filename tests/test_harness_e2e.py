@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import importlib.util
 
-import e2e_support as e2e
 import pytest
+
+from bench import sglang_server as e2e
 
 pytestmark = [
     pytest.mark.e2e,

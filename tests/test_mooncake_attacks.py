@@ -15,10 +15,10 @@ import time
 
 import pytest
 import zstandard
-from support.mooncake_cluster import RawClient, mooncake_cluster_fixture
 from support.records import chain_keys, pool_records, zstd_record
 from support.sglang_pools import create_galahad, mha_pool, page_bytes, slots_of
 
+from bench.mooncake_cluster import RawClient, mooncake_cluster_fixture
 from hicache_galahad.config.options import StoreOptions, parse_options
 from hicache_galahad.errors import ConfigError, KeyFileError
 from hicache_galahad.record import compression

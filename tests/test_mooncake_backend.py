@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 from sglang.srt.mem_cache.hicache_storage import PoolHitPolicy, PoolName
-from support.mooncake_cluster import RawClient, mooncake_cluster_fixture
 from support.records import chain_keys, pool_records
 from support.sglang_pools import (
     create_galahad,
@@ -30,6 +29,7 @@ from support.sglang_pools import (
     transfer,
 )
 
+from bench.mooncake_cluster import RawClient, mooncake_cluster_fixture
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.tier.tiered import shared_key

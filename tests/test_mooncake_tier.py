@@ -20,14 +20,14 @@ import time
 from pathlib import Path
 
 import pytest
-from support.mooncake_cluster import (
+
+from bench.mooncake_cluster import (
     ENV,
     MooncakeCluster,
     RawClient,
     mooncake_cluster_fixture,
     skip_unless_mooncake,
 )
-
 from hicache_galahad.tier.mooncake.buffers import ReadBuffer, chunks, read_only
 from hicache_galahad.tier.mooncake.tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
 

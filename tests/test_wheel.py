@@ -20,8 +20,9 @@ import sysconfig
 import zipfile
 from pathlib import Path
 
-import e2e_support as e2e
 import pytest
+
+from bench import sglang_server as e2e
 
 slow = pytest.mark.slow
 

@@ -309,7 +309,7 @@ def test_fork_children_makes_sglangs_spawn_a_fork_under_the_run_script():
 def test_a_server_group_is_stopped_at_once_and_with_a_grace_sigterm_comes_first(tmp_path):
     """Server.stop(), with its default, SIGKILLs the group at once (a SIGTERM only bought
     SGLang's launcher a 5 s sleep); stop(grace_s > 0) still sends SIGTERM first and waits."""
-    import e2e_support as harness  # bench/sglang_server.py
+    from bench import sglang_server as harness
 
     marker = tmp_path / "terminated"
     script = (

@@ -15,8 +15,6 @@ from __future__ import annotations
 import contextlib
 
 import torch
-from e2e_support import galahad_config
-from e2e_support import storage_config as _storage_config
 from sglang.srt.mem_cache.device_pool_info import MambaStateBufferInfo
 from sglang.srt.mem_cache.hicache_storage import (
     HiCacheStorageConfig,
@@ -29,6 +27,9 @@ from sglang.srt.mem_cache.pool_host.mamba import MambaPoolHost
 from sglang.srt.mem_cache.pool_host.mha import MHATokenToKVPoolHost
 from sglang.srt.mem_cache.pool_host.mla import MLATokenToKVPoolHost
 from sglang.srt.mem_cache.storage.backend_factory import StorageBackendFactory
+
+from bench.sglang_server import galahad_config
+from bench.sglang_server import storage_config as _storage_config
 
 PAGE_SIZE = 4
 MHA_LAYOUTS = ("layer_first", "page_first", "page_first_direct", "page_head")
