@@ -15,7 +15,6 @@ from support.records import flip_byte, record_path, write_key_file
 from hicache_galahad.blaise import Blaise, compose
 from hicache_galahad.blaise.records import MODEL_FINGERPRINT, POOL, SCHEMA
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 
 HARBOUR = """# Harbour
 
@@ -207,10 +206,10 @@ def test_encrypted_records_hold_no_plaintext_and_need_the_key(tmp_path, caplog):
         assert memory.read("harbour.md") == HARBOUR.encode()
 
 
-def test_the_kv_budget_never_evicts_text(tmp_path):
+def test_the_kv_budget_never_evicts_text(tmp_path, store_factory):
     with open_memory(tmp_path) as memory:
         memory.add("harbour.md", HARBOUR)
-    kv = RecordStore(str(tmp_path), max_bytes=64 * 1024)
+    kv = store_factory(tmp_path, max_bytes=64 * 1024)
     namespace = kv.register_namespace(Namespace("default", "model", "kv", {"page": 1}))
     page = os.urandom(4096)
     for index in range(100):  # 400 KB of pages through a 64 KB budget

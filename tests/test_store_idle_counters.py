@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 from hicache_galahad.store.lifetime import FLUSH_INTERVAL_S, lifetime_totals
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -51,13 +50,15 @@ def test_an_idle_servers_counts_reach_the_disk_before_a_sigkill(tmp_path):
     assert counters.get("puts") == PUTS
 
 
-def test_closing_the_store_stops_its_counter_thread_and_writes_the_last_counts(tmp_path):
+def test_closing_the_store_stops_its_counter_thread_and_writes_the_last_counts(
+    tmp_path, store_factory
+):
     def counter_threads() -> int:
         return sum(thread.name == "galahad-counters" for thread in threading.enumerate())
 
     before = counter_threads()
     root = str(tmp_path / "root")
-    store = RecordStore(root, durability="none")
+    store = store_factory(root, durability="none")
     namespace = store.register_namespace(Namespace("alice", "model", "kv", {"page_bytes": 8}))
     assert counter_threads() == before + 1
     assert store.put(namespace, "k", b"12345678")

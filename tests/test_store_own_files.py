@@ -50,11 +50,11 @@ def fill(store: RecordStore, count: int, start: int = 0) -> None:
         assert store.put(ALICE, key(index), bytes([index % 251]) * PAGE)
 
 
-def make_store(tmp_path: Path, count: int = 3) -> Path:
-    root = tmp_path / "store"
-    with RecordStore(str(root), durability="none") as store:
+def make_store(store_factory, count: int = 3, *, check: bool = True) -> Path:
+    """A store of `count` records, closed; its root (check as store_factory takes it)."""
+    with store_factory(durability="none", check=check) as store:
         fill(store, count)
-    return root
+    return Path(store.root)
 
 
 def records_of(root: Path) -> list[str]:
@@ -132,8 +132,10 @@ def open_and_put(root: Path) -> dict:
 
 
 @pytest.mark.parametrize("linked", ["stats", "procs"])
-def test_a_linked_stats_or_procs_is_refused_and_nothing_outside_is_touched(tmp_path, linked):
-    root = make_store(tmp_path)
+def test_a_linked_stats_or_procs_is_refused_and_nothing_outside_is_touched(
+    store_factory, tmp_path, linked
+):
+    root = make_store(store_factory)
     outside = tmp_path / "outside"
     outside.mkdir()
     for name in ("2024.json", "abc.json", "cafe.json", "0123.lock"):
@@ -172,11 +174,13 @@ def _forge_counter_file(root: Path, token: str, max_bytes: int, identity: dict |
 @pytest.mark.parametrize(
     "identity", [None, {"pid": 1, "pid_namespace": "pid:[1]", "start_ticks": 1}]
 )
-def test_the_budget_of_a_past_run_with_pid_1_is_never_applied_to_a_live_server(tmp_path, identity):
+def test_the_budget_of_a_past_run_with_pid_1_is_never_applied_to_a_live_server(
+    store_factory, tmp_path, identity
+):
     """A container's run (pid 1 there) left its counter file and no lock; on the host pid 1
     is alive. Neither `stats` nor `gc` takes it for a live server."""
     root = tmp_path / "store"
-    with RecordStore(str(root), max_bytes=1 << 30, durability="none") as server:
+    with store_factory(root, max_bytes=1 << 30, durability="none") as server:
         fill(server, 64)
         past = _forge_counter_file(root, "00000001" + "5eed5eed", 64 << 10, identity)
         report = galahad_json("stats", "--root", root)
@@ -206,11 +210,11 @@ RecordStore(sys.argv[1], max_bytes=64 << 10, durability="none").close()  # a run
 """
 
 
-def test_a_run_in_a_real_pid_namespace_leaves_no_budget_behind(tmp_path):
+def test_a_run_in_a_real_pid_namespace_leaves_no_budget_behind(store_factory, tmp_path):
     if not _unshare_available():
         pytest.skip("no pid namespaces here (unshare --pid needs privileges)")
     root = tmp_path / "store"
-    with RecordStore(str(root), max_bytes=1 << 30, durability="none") as server:
+    with store_factory(root, max_bytes=1 << 30, durability="none") as server:
         fill(server, 64)
         container = subprocess.run(
             ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-c", CONTAINER_RUN]
@@ -227,9 +231,9 @@ def test_a_run_in_a_real_pid_namespace_leaves_no_budget_behind(tmp_path):
         assert len(records_of(root)) == 64
 
 
-def test_a_live_server_whose_lock_was_deleted_is_still_a_live_server(tmp_path):
+def test_a_live_server_whose_lock_was_deleted_is_still_a_live_server(store_factory, tmp_path):
     root = tmp_path / "store"
-    with RecordStore(str(root), max_bytes=1 << 30, durability="none") as server:
+    with store_factory(root, max_bytes=1 << 30, durability="none") as server:
         fill(server, 4)
         for lock in (root / "procs").iterdir():
             lock.unlink()
@@ -251,8 +255,8 @@ def test_a_live_server_whose_lock_was_deleted_is_still_a_live_server(tmp_path):
         "ledger",
     ],
 )
-def test_a_fifo_among_the_stores_files_never_hangs_a_start(tmp_path, where):
-    root = make_store(tmp_path)
+def test_a_fifo_among_the_stores_files_never_hangs_a_start(store_factory, where):
+    root = make_store(store_factory)
     fifo = root / where
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
@@ -272,8 +276,8 @@ def test_a_fifo_among_the_stores_files_never_hangs_a_start(tmp_path, where):
         ("verify", "ledger"),
     ],
 )
-def test_a_fifo_never_hangs_a_read_only_command(tmp_path, command, where):
-    root = make_store(tmp_path)
+def test_a_fifo_never_hangs_a_read_only_command(store_factory, command, where):
+    root = make_store(store_factory, check=False)  # a read-only command leaves the FIFO
     fifo = root / where
     fifo.unlink(missing_ok=True)
     os.mkfifo(fifo)
@@ -286,9 +290,12 @@ def test_a_fifo_never_hangs_a_read_only_command(tmp_path, command, where):
 # ----------------------------------------------------------------------------- 9. flusher
 
 
-def test_a_record_replaced_by_a_fifo_in_the_flush_window_never_blocks_the_flusher(tmp_path):
+def test_a_record_replaced_by_a_fifo_in_the_flush_window_never_blocks_the_flusher(
+    store_factory, tmp_path
+):
     root = tmp_path / "store"
-    store = RecordStore(str(root), durability="deferred", flush_interval_s=0.2)
+    # check=False: a FIFO is left in a record's place
+    store = store_factory(root, check=False, durability="deferred", flush_interval_s=0.2)
     fill(store, 1)
     path = root / "ns" / ALICE.dirname / record_filename(key(0))
     fifo = path.with_name("swap.fifo")
@@ -389,8 +396,8 @@ def test_a_process_that_exits_without_close_flushes_its_last_window(
 # ----------------------------------------------------------------------------- 13. odd pids
 
 
-def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback(tmp_path):
-    root = make_store(tmp_path)
+def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback(store_factory):
+    root = make_store(store_factory)
     counter = root / "stats" / "ffffffff00000000.json"
     counter.write_text(json.dumps({"counters": {"hits": 3}, "settings": {"max_bytes": 1}}))
     temp = root / "ns" / ALICE.dirname / ".tmp-99999999999-0000-x.part"
@@ -401,7 +408,7 @@ def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback
     assert verify.returncode == 1 and "Traceback" not in verify.stderr, verify.stderr
     assert json.loads(verify.stdout)["stray_temp_files"] == [str(temp)]
     assert galahad_json("stats", "--root", root)["budget"]["max_bytes"] is None
-    with RecordStore(str(root), durability="none", max_bytes=6 * RECORD_BYTES) as store:
+    with store_factory(root, durability="none", max_bytes=6 * RECORD_BYTES) as store:
         assert not counter.exists()
         store.rebuild_ledger()  # a recount sweeps them (an open reads no record directory)
         assert not temp.exists()
@@ -416,11 +423,11 @@ def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback
     assert galahad("verify", "--root", root).returncode == 0
 
 
-def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(tmp_path):
+def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(store_factory):
     """namespace.json temp files were named and judged by pid: a writer in another pid
     namespace whose pid is dead here had its temp removed while writing it. Now a temp is
     removed only when a minute old (writing one takes milliseconds), whatever its name."""
-    root = make_store(tmp_path)
+    root = make_store(store_factory)
     directory = root / "ns" / ALICE.dirname
     fresh = directory / "namespace.json.99999999999.1.tmp"  # a pid that is dead here
     old = directory / "namespace.json.0123456789abcdef.tmp"
@@ -428,7 +435,7 @@ def test_a_namespace_description_temp_is_judged_by_its_age_not_a_pid(tmp_path):
     old.write_text("{}")
     hour_ago = time.time() - 3600
     os.utime(old, (hour_ago, hour_ago))
-    with RecordStore(str(root), durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(ALICE)
     assert fresh.exists() and not old.exists()
     assert not [p for p in directory.glob("namespace.json.*") if p not in (fresh,)]
@@ -448,19 +455,19 @@ def _write_ledger(root: Path, committed: int, entries: list[tuple[bytes, int]]) 
         b"\xff" * 16,
     ],
 )
-def test_a_ledger_token_with_a_flipped_bit_is_damage_recounted(tmp_path, token):
-    root = make_store(tmp_path)
+def test_a_ledger_token_with_a_flipped_bit_is_damage_recounted(store_factory, token):
+    root = make_store(store_factory)
     _write_ledger(root, 3 * RECORD_BYTES, [(token, 1 << 30)])
     result = galahad("stats", "--root", root)
     assert result.returncode == 0 and "Traceback" not in result.stderr, result.stderr
-    with RecordStore(str(root), durability="none", max_bytes=8 * RECORD_BYTES) as store:
+    with store_factory(root, durability="none", max_bytes=8 * RECORD_BYTES) as store:
         assert store.usage_bytes() == 3 * RECORD_BYTES  # the forged reservation is gone
         fill(store, 2, start=10)
         assert store.usage_bytes() == store.checker.disk_bytes() == 5 * RECORD_BYTES
 
 
-def test_a_ledger_that_is_a_directory_is_a_one_line_refusal(tmp_path):
-    root = make_store(tmp_path)
+def test_a_ledger_that_is_a_directory_is_a_one_line_refusal(store_factory):
+    root = make_store(store_factory, check=False)  # the ledger stays a directory
     (root / "ledger").unlink()
     (root / "ledger").mkdir()
     with pytest.raises(ConfigError, match="ledger"):
@@ -471,10 +478,10 @@ def test_a_ledger_that_is_a_directory_is_a_one_line_refusal(tmp_path):
 
 
 def test_an_unexpected_failure_of_a_command_is_one_line_with_its_own_status(
-    tmp_path, monkeypatch, capsys
+    store_factory, monkeypatch, capsys
 ):
     """A bug cannot be produced for real on purpose: injected into `stats`."""
-    root = make_store(tmp_path)
+    root = make_store(store_factory)
 
     def broken(store, **options):
         raise OverflowError("signed integer is greater than maximum")
@@ -493,8 +500,8 @@ def _limit_memory():
     resource.setrlimit(resource.RLIMIT_AS, (1 << 30, 1 << 30))
 
 
-def test_a_counter_file_linked_to_dev_zero_or_huge_and_sparse_is_never_read_whole(tmp_path):
-    root = make_store(tmp_path)
+def test_a_counter_file_linked_to_dev_zero_or_huge_and_sparse_is_never_read_whole(store_factory):
+    root = make_store(store_factory)
     (root / "stats" / "z.json").symlink_to("/dev/zero")
     with open(root / "stats" / "big.json", "wb") as big:
         big.truncate(3 << 30)
@@ -512,8 +519,8 @@ def test_a_counter_file_linked_to_dev_zero_or_huge_and_sparse_is_never_read_whol
 # ----------------------------------------------------------------------------- 17. what stats counts
 
 
-def test_stats_counts_regular_records_as_the_ledger_does_and_lists_the_rest_apart(tmp_path):
-    root = make_store(tmp_path)
+def test_stats_counts_regular_records_as_the_ledger_does_and_lists_the_rest_apart(store_factory):
+    root = make_store(store_factory, check=False)  # non-records left
     directory = root / "ns" / ALICE.dirname
     os.mkfifo(directory / ("a" * 64 + ".rec"))
     (directory / ("b" * 64 + ".rec")).mkdir()
@@ -525,7 +532,7 @@ def test_stats_counts_regular_records_as_the_ledger_does_and_lists_the_rest_apar
     with open(directory / ("e" * 64 + ".rec"), "wb") as sparse:  # bad magic, 8 GiB claimed
         sparse.write(b"NOTMAGIC" * 512)
         sparse.truncate(8 << 30)
-    with RecordStore(str(root), durability="none") as store:  # files put there by hand are
+    with store_factory(root, durability="none") as store:  # files put there by hand are
         store.rebuild_ledger()  # known once recounted (an open reads no record directory)
     kept = galahad_json("stats", "--root", root)  # the ledger's counts: regular files only
     assert kept["records"] == 4 and kept["logical_bytes"] == 3 * PAGE

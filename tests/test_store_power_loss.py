@@ -51,10 +51,11 @@ LOSSES = (truncated, zero_filled, torn, stale_blocks)
 
 
 def test_unflushed_records_lost_in_a_power_failure_are_misses_and_verify_fix_cleans_them(
-    tmp_path,
+    tmp_path, store_factory
 ):
     root = tmp_path / "store"
     rng = random.Random(7)
+    # Not the fixture's: this store loses its power and is never closed.
     store = RecordStore(str(root), durability="deferred", flush_interval_s=3600)
     store.register_namespace(NS_A)
     flushed, unflushed = keys(40)[:20], keys(40)[20:]
@@ -85,7 +86,7 @@ def test_unflushed_records_lost_in_a_power_failure_are_misses_and_verify_fix_cle
     clean = _galahad("verify", "--root", root, "--json")
     assert clean.returncode == 0 and json.loads(clean.stdout)["clean"], clean.stdout
 
-    with RecordStore(str(root), durability="deferred") as after_reboot:
+    with store_factory(root, durability="deferred") as after_reboot:
         for key in flushed:
             assert after_reboot.get(NS_A, key, SIZE) == content(key, SIZE)
         for key in unflushed:
@@ -95,10 +96,10 @@ def test_unflushed_records_lost_in_a_power_failure_are_misses_and_verify_fix_cle
             assert after_reboot.get(NS_A, key, SIZE) == content(key, SIZE)
 
 
-def test_reads_of_records_damaged_by_a_power_loss_are_misses(tmp_path):
+def test_reads_of_records_damaged_by_a_power_loss_are_misses(tmp_path, store_factory):
     root = tmp_path / "store"
     rng = random.Random(11)
-    with RecordStore(str(root), flush_interval_s=3600) as store:
+    with store_factory(root, check=False, flush_interval_s=3600) as store:  # damaged on purpose
         store.register_namespace(NS_A)
         assert all(store.put_many(NS_A, keys(12), [content(k, SIZE) for k in keys(12)]))
         directory = root / "ns" / NS_A.dirname
@@ -112,8 +113,8 @@ def test_reads_of_records_damaged_by_a_power_loss_are_misses(tmp_path):
         assert counters["hits"] == 0 and counters["corrupt"] == 12
 
 
-def test_the_flusher_makes_records_durable_within_its_window(tmp_path):
-    with RecordStore(str(tmp_path / "store"), flush_interval_s=0.2) as store:
+def test_the_flusher_makes_records_durable_within_its_window(store_factory):
+    with store_factory(flush_interval_s=0.2) as store:
         store.register_namespace(NS_A)
         assert all(store.put_many(NS_A, keys(10), [content(k, 4096) for k in keys(10)]))
         deadline = time.monotonic() + 10
@@ -123,8 +124,8 @@ def test_the_flusher_makes_records_durable_within_its_window(tmp_path):
         assert store.counters.snapshot()["flushed_records"] == 10
 
 
-def test_close_flushes_what_is_pending(tmp_path):
-    store = RecordStore(str(tmp_path / "store"), flush_interval_s=3600)
+def test_close_flushes_what_is_pending(store_factory):
+    store = store_factory(flush_interval_s=3600)
     store.register_namespace(NS_A)
     assert store.put(NS_A, "k", content("k", 4096))
     assert store.flusher.pending == 1
@@ -133,11 +134,11 @@ def test_close_flushes_what_is_pending(tmp_path):
 
 
 @pytest.mark.parametrize("durability", ["deferred", "fsync"])
-def test_a_put_is_readable_as_soon_as_it_returns(tmp_path, durability):
-    with RecordStore(str(tmp_path / "store"), durability=durability) as store:
+def test_a_put_is_readable_as_soon_as_it_returns(store_factory, durability):
+    with store_factory(durability=durability) as store:
         store.register_namespace(NS_A)
         assert store.put(NS_A, "k", content("k", SIZE))
-        with RecordStore(str(tmp_path / "store"), durability=durability) as other:
+        with store_factory(durability=durability) as other:
             assert other.get(NS_A, "k", SIZE) == content("k", SIZE)
 
 

@@ -20,7 +20,6 @@ from support.records import page_keys as oracle_page_keys
 
 from hicache_galahad.errors import ServerError
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 from hicache_galahad.warming.documents import Document, section_prefixes
 from hicache_galahad.warming.keys import page_keys
 from hicache_galahad.warming.namespaces import RankNamespaces, server_namespaces
@@ -119,8 +118,8 @@ def test_server_profile_from_server_info():
     assert (bare.tenant, bare.root, bare.page_size) == ("default", None, 1)
 
 
-def test_server_namespaces_are_its_ranks(tmp_path):
-    with RecordStore(str(tmp_path)) as store:
+def test_server_namespaces_are_its_ranks(store_factory):
+    with store_factory() as store:
         ranks = [store.register_namespace(kv_namespace(rank, 2)) for rank in (0, 1)]
         states = [store.register_namespace(state_namespace(kv, i)) for i, kv in enumerate(ranks)]
         # not the server's: another tenant, page size, TP size, or model; another dtype
@@ -132,18 +131,18 @@ def test_server_namespaces_are_its_ranks(tmp_path):
         found = server_namespaces(store, profile(tp_size=2))
     assert [rank.kv for rank in found] == ranks
     assert [rank.states for rank in found] == [[states[0]], [states[1]]]
-    with RecordStore(str(tmp_path), read_only=True) as store:
+    with store_factory(read_only=True) as store:
         assert server_namespaces(store, profile(tp_size=2), tenant="bob")[0].kv.tenant == "bob"
         assert server_namespaces(store, profile(tp_size=4)) == []
 
 
-def test_a_server_gets_its_own_namespaces_when_another_serves_the_same_weights(tmp_path):
+def test_a_server_gets_its_own_namespaces_when_another_serves_the_same_weights(store_factory):
     """Issue 32 item 3: the same weights (one fingerprint, tenant, page and TP size) served
     under another name or mount path write other namespaces (SGLang puts the served model name
     in the pool's storage config, `model_name` of the geometry). Each server gets its own;
     before, both got the first in sort order, so `ready` answered for the other server and
     `warm --pin` pinned the other's pages."""
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         mine = store.register_namespace(kv_namespace())
         chat = store.register_namespace(kv_namespace(model_name="chat"))
         tagged = store.register_namespace(kv_namespace(model_name="qa-unified-token-major"))
@@ -153,11 +152,11 @@ def test_a_server_gets_its_own_namespaces_when_another_serves_the_same_weights(t
         assert server_namespaces(store, profile(served_model_name="nobody")) == []
 
 
-def test_two_namespaces_that_could_both_be_the_servers_are_refused(tmp_path):
+def test_two_namespaces_that_could_both_be_the_servers_are_refused(store_factory):
     """Same name, tenant, model, sizes and dtypes, another pool geometry (another host layout):
     which one the server writes cannot be told from the root, so ready and warm refuse in one
     line instead of answering for either."""
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         first = store.register_namespace(kv_namespace(layout="page_first"))
         second = store.register_namespace(kv_namespace(layout="page_first_direct"))
         with pytest.raises(ServerError, match="2 namespaces .* match this server") as error:
@@ -170,10 +169,10 @@ def fill(store, namespace, keys, pages):
         assert store.put(namespace, keys[page], b"x" * 64)
 
 
-def test_ready_is_the_leading_run_over_the_strict_prefix(tmp_path):
+def test_ready_is_the_leading_run_over_the_strict_prefix(store_factory):
     tokens = list(range(100, 144))  # 44 tokens, 11 pages of 4
     keys = page_keys(tokens, 4)
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         kv = store.register_namespace(kv_namespace())
         rank = [RankNamespaces("0", kv)]
         fill(store, kv, keys, range(11))
@@ -188,10 +187,10 @@ def test_ready_is_the_leading_run_over_the_strict_prefix(tmp_path):
         assert holed.pages_stored == 10
 
 
-def test_ready_needs_every_rank(tmp_path):
+def test_ready_needs_every_rank(store_factory):
     tokens = list(range(40))
     keys = page_keys(tokens, 4)
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         ranks = [
             RankNamespaces(str(r), store.register_namespace(kv_namespace(r, 2))) for r in (0, 1)
         ]
@@ -201,12 +200,12 @@ def test_ready_needs_every_rank(tmp_path):
     assert (seen.restorable_tokens, seen.pages_stored) == (24, 6)
 
 
-def test_ready_for_a_hybrid_is_the_deepest_checkpoint_below_n(tmp_path):
+def test_ready_for_a_hybrid_is_the_deepest_checkpoint_below_n(store_factory):
     """P = 16, C = 64 (the measured matrix of test_e2e_hybrid: 128 tokens with a state only
     at 128 restore 0; with one at 64 too, 64; 163 tokens, 128)."""
     tokens = list(range(10, 173))
     keys = page_keys(tokens, 16)
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         kv = store.register_namespace(kv_namespace(page_size=16))
         state = store.register_namespace(state_namespace(kv))
         rank = [RankNamespaces("0", kv, [state])]
@@ -220,7 +219,7 @@ def test_ready_for_a_hybrid_is_the_deepest_checkpoint_below_n(tmp_path):
         assert readiness(store, rank, keys[:8], 163, 16).restorable_tokens == 128
 
 
-def test_ready_agrees_with_the_checkpoint_oracle(tmp_path):
+def test_ready_agrees_with_the_checkpoint_oracle(store_factory):
     """Every N up to 200 and every leading run and set of grid states: `ready` gives the
     oracle's restorable boundary (tests/support/checkpoints.py)."""
     page, interval = 16, 64
@@ -228,7 +227,7 @@ def test_ready_agrees_with_the_checkpoint_oracle(tmp_path):
     tokens = list(range(1000, 1200))
     keys = page_keys(tokens, page)
     grid_pages = [interval // page * k - 1 for k in (1, 2, 3)]
-    with RecordStore(str(tmp_path)) as store:
+    with store_factory() as store:
         kv = store.register_namespace(kv_namespace(page_size=page))
         state = store.register_namespace(state_namespace(kv))
         rank = [RankNamespaces("0", kv, [state])]
