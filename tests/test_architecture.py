@@ -5,7 +5,7 @@ or SGLang imported in a subprocess where both fail to import.
 The rules are written here, once (PACKAGES); docs/ARCHITECTURE.md shows them in its
 'Packages' table, which must say the same, and lists every module (for the picture that
 docs/architecture.py draws). A new package or top-level module fails these tests until it is
-given a rule.
+given a rule. Every module has a docstring, and none is over 450 lines nor any class over 300.
 """
 
 from __future__ import annotations
@@ -272,6 +272,49 @@ def test_packages_without_torch_import_without_torch_and_sglang():
     )
     assert result.returncode == 0, (
         f"modules that need torch or sglang:\n{result.stdout}{result.stderr[-2000:]}"
+    )
+
+
+# ----------------------------------------------------------------------------- module sizes
+
+MAX_MODULE_LINES = 450
+MAX_CLASS_LINES = 300
+GENERATED = {f"{TOP}/blaise/attributes_data.py"}  # data written by a script, not read as code
+
+
+def test_every_module_has_a_docstring():
+    """Each module of hicache_galahad/ and checkpoint/ opens with a docstring (its one job)."""
+    missing = [
+        path
+        for path in code_modules()
+        if not ast.get_docstring(ast.parse((ROOT / path).read_text(encoding="utf-8")))
+    ]
+    assert not missing, f"modules without a docstring: {missing}"
+
+
+@pytest.mark.xfail(
+    strict=False,
+    reason="issue 29: store/accounting.py (783 lines, class Accounting 709), "
+    "store/record_store.py (580, class RecordStore 530), blaise/rank.py (503) and class "
+    "Blaise (blaise/memory.py, 324) are being split; remove this mark once the splits land",
+)
+def test_no_module_or_class_is_too_long():
+    """No module of hicache_galahad/ or checkpoint/ over MAX_MODULE_LINES lines (generated
+    data aside), and no class, nested ones included, over MAX_CLASS_LINES."""
+    too_long = []
+    for path in code_modules():
+        text = (ROOT / path).read_text(encoding="utf-8")
+        lines = len(text.splitlines())
+        if lines > MAX_MODULE_LINES and path not in GENERATED:
+            too_long.append(f"{path}: {lines} lines")
+        for node in ast.walk(ast.parse(text)):
+            if isinstance(node, ast.ClassDef):
+                class_lines = node.end_lineno - node.lineno + 1
+                if class_lines > MAX_CLASS_LINES:
+                    too_long.append(f"{path}: class {node.name} {class_lines} lines")
+    assert not too_long, (
+        f"over {MAX_MODULE_LINES} lines a module or {MAX_CLASS_LINES} a class:\n"
+        + "\n".join(too_long)
     )
 
 
