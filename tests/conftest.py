@@ -49,11 +49,12 @@ def galahad(tmp_path):
 @pytest.fixture
 def store_factory(tmp_path):
     """open(root=None, *, check=True, **options) -> RecordStore on tmp_path / "store" unless
-    another root is given (options as StoreOptions takes them). After the test every store made is closed, and every root whose stores asked for
-    it is checked by the store's own check, read-only: no damaged or unverifiable record, no
-    stray temp file, no reservation left, and the ledger equal to the disk
+    another root is given (options as StoreOptions takes them: durability, encryption_key_file,
+    ...). After the test every store made is closed, and every root whose stores asked for it
+    is checked by the store's own check, read-only: no damaged or unverifiable record, no stray
+    temp file, no reservation left, and the ledger equal to the disk
     (support.store_helpers.assert_store_consistent). A test that leaves damage on purpose
-    passes check=False."""
+    passes check=False for one of its stores on that root."""
     from support.store_helpers import assert_store_consistent
 
     from hicache_galahad.store import RecordStore
