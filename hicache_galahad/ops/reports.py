@@ -219,6 +219,7 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
             "servers": settings,
         },
         "lifetime_counters": store.lifetime_counters(),
+        "eviction_order": store.eviction_order(),
     }
 
 
