@@ -5,12 +5,16 @@ the order's entries (store/order_stats.py), read-only, on real stores whose budg
 from __future__ import annotations
 
 import json
+import os
+import struct
 import subprocess
 import sys
+import zlib
 
 from test_cache_policy import document_keys, rank_namespace, record_bytes, run_workload
 
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.fifo import EVICT_DIR, STATE_FILE, STATE_MAGIC, parse_state
 from hicache_galahad.store.order_stats import order_figures
 
 DOCUMENTS, PAGES, RANKS, BATCH = 24, 16, 2, 8  # run_workload writes batches of 8 pages
@@ -29,7 +33,10 @@ def full_store(tmp_path) -> tuple[str, list[list[int]]]:
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "hicache_galahad", *args], capture_output=True, text=True
+        [sys.executable, "-m", "hicache_galahad", *args],
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
@@ -147,3 +154,22 @@ def test_metrics_export_the_order(galahad, tmp_path):
     assert REGISTRY.get_sample_value("galahad_eviction_ghost_keys", labels) >= 8
     assert REGISTRY.get_sample_value("galahad_restorable_share", labels) == 1.0
     assert REGISTRY.get_sample_value("galahad_reaper_backlog_bytes", labels) >= 0
+
+
+def test_a_forged_state_costs_nothing(tmp_path):
+    """A state claiming a tail segment 2^40 (its CRC right): stats looks at the segments on
+    disk between hand and tail, never at every number of the range."""
+    root, _ = full_store(tmp_path)
+    before = json.loads(cli("stats", "--root", root, "--json").stdout)["eviction_order"]
+    path = os.path.join(root, EVICT_DIR, STATE_FILE)
+    with open(path, "rb") as handle:
+        fields = parse_state(handle.read())
+    fields[2] = 1 << 40  # the small queue's tail segment
+    body = struct.pack("<8s8q", STATE_MAGIC, *fields)
+    with open(path, "wb") as handle:
+        handle.write(body + struct.pack("<I", zlib.crc32(body)))
+    answer = cli("stats", "--root", root, "--json")
+    assert answer.returncode == 0, answer.stderr
+    order = json.loads(answer.stdout)["eviction_order"]
+    assert order["small_entries"] == before["small_entries"]
+    assert order["restorable_share"] == before["restorable_share"]
