@@ -123,6 +123,7 @@ def cmd_stats(args) -> int:
         ),
         "lifetime: "
         + (", ".join(f"{name} {value}" for name, value in sorted(counters.items())) or "none"),
+        *_eviction_order_lines(report["eviction_order"]),
     ]
     for dirname in report["unattributable_namespaces"]:
         lines.append(f"namespace {dirname}: no readable namespace.json (owner unknown)")
@@ -132,6 +133,26 @@ def cmd_stats(args) -> int:
         lines.append(f"not a record ({item['kind']}): {item['path']}")
     emit(args, report, "\n".join(lines))
     return EXIT_OK
+
+
+def _eviction_order_lines(order: dict) -> list[str]:
+    if not order["log"]:
+        return ["eviction order: no log on this root yet (a writable store's first put starts it)"]
+    lines = [
+        f"eviction order: small queue {size_text(order['small_bytes'])} "
+        f"({order['small_entries']} entries), main queue {size_text(order['main_bytes'])} "
+        f"({order['main_entries']} entries); ghost {order['ghost_keys']} of "
+        f"{order['ghost_slots']} keys; reserved {size_text(order['reserved_bytes'])} (puts "
+        "in flight, evicted files not unlinked yet)"
+    ]
+    if order["restorable_share"] is not None:
+        lines.append(
+            f"restorable (estimate): {order['restorable_share']:.2f} "
+            f"+/- {order['restorable_error']:.2f} of the records the order names are on every "
+            f"rank with no page missing before them in their batch (an upper bound; "
+            f"{order['sampled']} entries sampled, {order['stale']} naming a record gone)"
+        )
+    return lines
 
 
 def cmd_verify(args) -> int:

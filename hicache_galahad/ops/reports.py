@@ -178,7 +178,8 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
     """What `galahad stats` shows. From the ledger's namespace counts (no record read, the
     same time at any size) unless `exact` or the counts are not complete: then a walk of
     every record (`counts`: "walk"), which also finds the oldest record of each namespace,
-    unparsable headers and files that are no record."""
+    unparsable headers and files that are no record. The eviction order's figures come from
+    its logs and a fixed sample of their entries (RecordStore.eviction_order)."""
     unreadable_dirs, not_records = [], []
 
     def unreadable(path, error):
@@ -219,6 +220,7 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
             "servers": settings,
         },
         "lifetime_counters": store.lifetime_counters(),
+        "eviction_order": store.eviction_order(),
     }
 
 

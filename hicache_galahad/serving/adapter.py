@@ -32,6 +32,7 @@ from ..config.options import parse_options
 from ..errors import RefusedRequest
 from ..store import RecordStore
 from ..store.kvstore import KVStore, StoreStats
+from ..store.order_stats import OrderFigureCache
 from ..telemetry.exporter import Exporter
 from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
 from .binding import KV, Binder, server_args
@@ -115,6 +116,13 @@ def _never_raise(fallback):
 class GalahadStorage(HiCacheStorage):
     """Persistent, verified HiCache L3 storage on local disk."""
 
+    def _local_store(self) -> RecordStore:
+        """The store on the local disk (under a Mooncake tier: its local store)."""
+        return getattr(self.store, "local", self.store)
+
+    def _order_figures_failed(self, error: Exception) -> None:
+        count_bug(self.counters, self._warn, "order-figures", "galahad: %r", error)
+
     def _caught(self, where: str, error: Exception, what: str) -> None:
         """The one guard of every SGLang-facing call: an exception becomes a miss, counted in
         `adapter_errors`; a refused argument (RefusedRequest) is warned about in a line, any
@@ -150,6 +158,11 @@ class GalahadStorage(HiCacheStorage):
         self.exporter = (
             Exporter(self.options.tenant)
             if getattr(storage_config, "enable_storage_metrics", False)
+            else None
+        )
+        self._order_figures = (
+            OrderFigureCache(self._local_store().layout, self._order_figures_failed)
+            if self.exporter is not None
             else None
         )
         self.binder = Binder(
@@ -332,6 +345,11 @@ class GalahadStorage(HiCacheStorage):
             self.exporter.sync(self.store.counters.snapshot())
             pinned = self.store.pinned_bytes_by_tenant(cached=True)  # one stat
             self.exporter.set_pinned_bytes(pinned.get(self.options.tenant, 0))
+            figures = self._order_figures.latest()  # refreshed on a thread of its own
+            self.exporter.set_eviction_order(
+                figures.as_dict() if figures is not None else None,
+                self._local_store().accounting.reaper.pending_bytes,
+            )
         with self._stats_lock:
             (prefetch_pages, prefetch_gbps), (backup_pages, backup_gbps) = (
                 self._batches["prefetch"],

@@ -100,6 +100,37 @@ class Entry:
     time_ns: int
 
 
+ENTRY_BYTES = _ENTRY.size
+STATE_BYTES = _STATE.size + _CRC.size
+
+
+def parse_state(raw: bytes) -> list[int] | None:
+    """The state file's fields (per queue: head segment, head offset, tail segment, bytes),
+    or None when it is missing, damaged or implausible."""
+    if len(raw) != STATE_BYTES:
+        return None
+    body, (crc,) = raw[: _STATE.size], _CRC.unpack(raw[_STATE.size :])
+    magic, *fields = _STATE.unpack(body)
+    if magic != STATE_MAGIC or crc != zlib.crc32(body):
+        return None
+    plausible = all(value >= 0 for value in fields) and all(
+        fields[4 * q] <= fields[4 * q + 2] for q in (SMALL, MAIN)
+    )
+    return fields if plausible else None
+
+
+def parse_entry(chunk: bytes, queue: int) -> Entry | None:
+    """One entry of a queue's segment (ENTRY_BYTES), None when its CRC says it is damaged."""
+    crc, name_index, kind, _, size, digest, time_ns = _ENTRY.unpack(chunk)
+    if crc != zlib.crc32(chunk[4:]):
+        return None
+    return Entry(queue, name_index, _filename(kind, digest), size, time_ns)
+
+
+def segment_name(queue: int, number: int) -> str:
+    return f"{QUEUE_PREFIXES[queue]}{number:016d}"
+
+
 def open_own(name: str, dir_fd: int, flags: int = os.O_RDWR) -> int:
     """A regular file of the store's own in `dir_fd`, created if missing. A name that is a
     link of any kind (a planted hard link to a file elsewhere included) or no regular file is
@@ -154,20 +185,8 @@ class SharedFifo:
     def load(self) -> None:
         """Reads the hands (under the ledger's lock); a damaged or missing state starts the
         queues over from the segments on disk (a listing of evict/, never of records)."""
-        raw = os.pread(self._state_fd, _STATE.size + _CRC.size, 0)
-        if len(raw) == _STATE.size + _CRC.size:
-            body, (crc,) = raw[: _STATE.size], _CRC.unpack(raw[_STATE.size :])
-            magic, *fields = _STATE.unpack(body)
-            if magic == STATE_MAGIC and crc == zlib.crc32(body) and self._plausible(fields):
-                self.state = fields
-                return
-        self.state = self._from_segments()
-
-    @staticmethod
-    def _plausible(fields) -> bool:
-        return all(value >= 0 for value in fields) and all(
-            fields[4 * q] <= fields[4 * q + 2] for q in (SMALL, MAIN)
-        )
+        fields = parse_state(os.pread(self._state_fd, STATE_BYTES, 0))
+        self.state = fields if fields is not None else self._from_segments()
 
     def _from_segments(self) -> list[int]:
         state = [0] * 8
@@ -236,7 +255,7 @@ class SharedFifo:
         fd = self._segments.get((queue, number))
         if fd is not None:
             return fd
-        name = f"{QUEUE_PREFIXES[queue]}{number:016d}"
+        name = segment_name(queue, number)
         try:
             if create:
                 fd = open_own(name, self.dir_fd, os.O_RDWR | os.O_APPEND)
@@ -252,7 +271,7 @@ class SharedFifo:
         if fd is not None:
             os.close(fd)
         with contextlib.suppress(OSError):
-            os.unlink(f"{QUEUE_PREFIXES[queue]}{number:016d}", dir_fd=self.dir_fd)
+            os.unlink(segment_name(queue, number), dir_fd=self.dir_fd)
 
     def append(self, queue: int, entries: list[tuple[int, str, int, int]]) -> None:
         """Appends (name index, file name, size, time_ns) entries to a queue's tail, in
@@ -306,12 +325,11 @@ class SharedFifo:
                 continue
             for start in range(0, whole, _ENTRY.size):
                 self.state[base + 1] = offset + start + _ENTRY.size
-                chunk = raw[start : start + _ENTRY.size]
-                crc, name_index, kind, _, size, digest, time_ns = _ENTRY.unpack(chunk)
-                if crc != zlib.crc32(chunk[4:]):
+                entry = parse_entry(raw[start : start + _ENTRY.size], queue)
+                if entry is None:
                     continue  # damaged: skipped
-                self._add_bytes(queue, -size)
-                yield Entry(queue, name_index, _filename(kind, digest), size, time_ns)
+                self._add_bytes(queue, -entry.size)
+                yield entry
 
     # ------------------------------------------------------------------ ghost
 

@@ -33,6 +33,7 @@ from .kvstore import StoreStats
 from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
 from .lifetime import CounterFile, lifetime_totals, live_settings
 from .namespaces import NamespaceRegistry
+from .order_stats import SAMPLE_ENTRIES, order_figures
 from .pins import PinResult, Pins
 from .reader import RecordReader, open_record, reader_may_be_wrong
 from .writer import RecordWriter
@@ -471,6 +472,15 @@ class RecordStore:
         """Every rule on a record file found by record_files (reader.files.verify), as
         `galahad verify` applies them; raises format.FormatError or OSError."""
         self.reader.files.verify(entry, namespace)
+
+    def eviction_order(self, sample: int = SAMPLE_ENTRIES) -> dict:
+        """What the eviction order holds, read from its logs without writing or locking
+        (order_stats.py: the queues, the ghost, the restorable share estimated from `sample`
+        entries), and the bytes live processes hold reserved: puts in flight and evicted
+        files their reapers have not unlinked yet."""
+        figures = order_figures(self.layout, sample).as_dict()
+        figures["reserved_bytes"] = sum(self.accounting.ledger.reservations().values())
+        return figures
 
     def live_settings(self) -> list[dict]:
         """The settings of the processes alive on this root (lifetime.live_settings)."""

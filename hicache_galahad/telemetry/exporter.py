@@ -68,6 +68,36 @@ def _metrics() -> dict:
                     labels,
                     multiprocess_mode="livemax",
                 ),
+                # What the root's eviction order holds (store/order_stats.py): the same for
+                # every process on the root, so the highest of the live ones.
+                "eviction_queue_bytes": Gauge(
+                    "galahad_eviction_queue_bytes",
+                    "Bytes the eviction order's queue names: small (not used since written) "
+                    "or main (used at least once)",
+                    (*labels, "queue"),
+                    multiprocess_mode="livemax",
+                ),
+                "eviction_ghost_keys": Gauge(
+                    "galahad_eviction_ghost_keys",
+                    "Keys evicted from the small queue lately (a used one comes back to main)",
+                    labels,
+                    multiprocess_mode="livemax",
+                ),
+                "restorable_share": Gauge(
+                    "galahad_restorable_share",
+                    "Estimated share of the records on the root a request can restore: on "
+                    "every rank, no page missing before it in its batch (sampled; an upper "
+                    "bound)",
+                    labels,
+                    multiprocess_mode="livemax",
+                ),
+                # Each process's own backlog: summed over the live ones.
+                "reaper_backlog_bytes": Gauge(
+                    "galahad_reaper_backlog_bytes",
+                    "Bytes of evicted files this process has not unlinked yet",
+                    labels,
+                    multiprocess_mode="livesum",
+                ),
                 "batch_seconds": Histogram(
                     "galahad_batch_seconds",
                     "Duration of one batch of page reads (prefetch) or writes (backup)",
@@ -103,6 +133,20 @@ class Exporter:
     def set_pinned_bytes(self, value: int) -> None:
         """The tenant's pinned bytes (RecordStore.pins.cached_by_tenant(): a cached small read)."""
         self._metrics["pinned_bytes"].labels(self._tenant).set(value)
+
+    def set_eviction_order(self, figures: dict | None, reaper_backlog_bytes: int) -> None:
+        """The order's figures (OrderFigures.as_dict(); None: not read yet, or no log) and
+        this process's reaper backlog."""
+        self._metrics["reaper_backlog_bytes"].labels(self._tenant).set(reaper_backlog_bytes)
+        if not figures or not figures.get("log"):
+            return
+        queues = self._metrics["eviction_queue_bytes"]
+        queues.labels(self._tenant, "small").set(figures["small_bytes"])
+        queues.labels(self._tenant, "main").set(figures["main_bytes"])
+        self._metrics["eviction_ghost_keys"].labels(self._tenant).set(figures["ghost_keys"])
+        if figures.get("restorable_share") is not None:
+            share = self._metrics["restorable_share"]
+            share.labels(self._tenant).set(figures["restorable_share"])
 
     def observe_batch(self, direction: str, seconds: float) -> None:
         self._metrics["batch_seconds"].labels(self._tenant, direction).observe(seconds)
