@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import e2e_support as e2e
 import pytest
 from support.records import page_keys, pool_records
 from test_e2e_hybrid import HARNESS_ENV, INTERVAL, PAGE_SIZE, hybrid_args
 from test_e2e_warm import prompt_of, sigkill
 
 import hicache_galahad
+from bench import sglang_server as e2e
 from hicache_galahad.store import RecordStore
 
 pytestmark = pytest.mark.e2e
