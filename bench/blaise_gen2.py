@@ -53,7 +53,8 @@ from bench_blaise import (  # noqa: E402
 )
 
 from hicache_galahad.blaise import Blaise  # noqa: E402
-from hicache_galahad.blaise.rank import STOP_WORDS, RankParams  # noqa: E402
+from hicache_galahad.blaise.analyzer import STOP_WORDS  # noqa: E402
+from hicache_galahad.blaise.rank import RankParams  # noqa: E402
 
 NUM_FACTS = 100
 DECOY_DISTANCE = 25_000  # bytes of corpus between a fact and each of its decoys

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hicache_galahad.blaise.analyzer import Analyzer
 from hicache_galahad.blaise.answer import AnswerType, holds, question_type
 from hicache_galahad.blaise.attributes import holds_tally
-from hicache_galahad.blaise.rank import Analyzer, Ranker, RankParams
+from hicache_galahad.blaise.rank import Ranker, RankParams
 
 FILLER = (
     "The old town lies on a river. Its market sells fish, bread and wool. The council meets in "
@@ -131,7 +132,7 @@ def test_batch_gives_the_words_of_a_regex_split_and_their_stems():
 
     import Stemmer
 
-    from hicache_galahad.blaise.rank import STOP_WORDS
+    from hicache_galahad.blaise.analyzer import STOP_WORDS
 
     analyzer = Analyzer()
     texts = [MIXED, MIXED.upper(), "", "   ", "só ÉLAN élan"]
@@ -157,7 +158,7 @@ def test_a_family_is_every_word_with_the_stem():
     import Stemmer
 
     stemmer = Stemmer.Stemmer("english")
-    from hicache_galahad.blaise.rank import STOP_WORDS
+    from hicache_galahad.blaise.analyzer import STOP_WORDS
 
     words = [w for w in INFLECTED.split() if w not in STOP_WORDS]
     analyzer = Analyzer()
@@ -208,15 +209,16 @@ def test_attribute_words_separate_two_lengths():
 
 def test_the_lexicon_is_wordnet_derived_and_names_do_not_count():
     from hicache_galahad.blaise import attributes
-    from hicache_galahad.blaise.rank import _analyse_many, _common_words
+    from hicache_galahad.blaise.analyzer import analyse_many
+    from hicache_galahad.blaise.evidence import common_words
 
-    lexicon = attributes.lexicon(_analyse_many)
-    asked = lexicon.attributes(Analyzer().terms(_common_words("What did it set us back?")))
+    lexicon = attributes.lexicon(analyse_many)
+    asked = lexicon.attributes(Analyzer().terms(common_words("What did it set us back?")))
     assert max(asked, key=asked.get) == "money"
     assert attributes.answer_type(asked) is AnswerType.MONEY
     # "Tower" in a name is not the verb "tower" (a value of height)
     assert "height" not in lexicon.attributes(
-        Analyzer().terms(_common_words("Where is the Quorvane Tower?"))
+        Analyzer().terms(common_words("Where is the Quorvane Tower?"))
     )
 
 

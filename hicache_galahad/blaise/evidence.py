@@ -1,0 +1,83 @@
+"""What a question asks for and what a candidate sentence states: the answer evidence the
+ranker weighs beside BM25. Pure code (answer.py, attributes.py).
+
+A question asks for a kind of value (its wh-word and head noun: answer.py) and names the
+attributes it is about (attributes.py: "set ... back" is a cost); a sentence holds values of
+some kinds and states attributes beyond the question's own words. `held` and `agreement` say
+how far one candidate sentence answers what `Asked` describes.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from . import answer, attributes
+from .analyzer import Analyzer, analyse_many
+from .answer import AnswerType
+
+# answer types that are not measurable attributes (a person, a place, a date)
+_NOT_ATTRIBUTES = (AnswerType.PERSON, AnswerType.PLACE, AnswerType.YEAR)
+_CAPITALIZED = re.compile(r"(?<!^)(?<![.!?] )\b[A-Z]\w*")
+_WORD = re.compile(r"\w+")
+
+
+def common_words(text: str) -> str:
+    """`text` without its capitalized words (names), except a sentence's first word."""
+    return _CAPITALIZED.sub(" ", text.strip())
+
+
+@dataclass(frozen=True, slots=True)
+class Asked:
+    """What a question asks for."""
+
+    wanted: AnswerType | None  # the kind of value
+    attributes: dict[str, float] = field(default_factory=dict)  # attribute -> evidence
+    words: frozenset[str] = frozenset()  # its lower-cased words (a held value is not one)
+    terms: frozenset[str] = frozenset()  # its stems
+
+
+def asked(question: str, analyzer: Analyzer, params) -> Asked:
+    """What `question` asks for: the kind of value its wh-phrase names, and, unless that is
+    a person, a place or a date, the attributes its common words name (a question without a
+    wh-type takes its answer type from its strongest attribute)."""
+    wanted = answer.question_type(question)
+    named: dict[str, float] = {}
+    if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
+        lexicon = attributes.lexicon(analyse_many, params.units, params.glossed)
+        named = lexicon.attributes(analyzer.terms(common_words(question)))
+        wanted = wanted or attributes.answer_type(named)
+    return Asked(
+        wanted,
+        named,
+        frozenset(_WORD.findall(question.lower())),
+        frozenset(analyzer.terms(question)),
+    )
+
+
+def held(sentence: str, question: Asked, tally: bool = True) -> float:
+    """1.0 when `sentence` holds a value of the kind the question wants, else 0.0. A quantity
+    ("how much land") is a measure in units or a count (a mass noun is also counted: "how
+    much traffic", "40,000 vehicles a day"), never money or a year."""
+    wanted = question.wanted
+    if wanted is None or not sentence:
+        return 0.0
+    if wanted is AnswerType.AMOUNT:
+        return float(attributes.holds_amount(sentence) or attributes.holds_tally(sentence))
+    if wanted is AnswerType.TALLY and tally:
+        return float(attributes.holds_tally(sentence))
+    if wanted in (AnswerType.DURATION, AnswerType.LONG) and attributes.holds_measure(
+        sentence, "duration"
+    ):
+        return 1.0
+    return float(answer.holds(sentence, wanted, set(question.words)))
+
+
+def agreement(sentence: str, question: Asked, analyzer: Analyzer, params) -> float:
+    """How far the attributes `sentence` states beyond the question's own words agree with
+    those the question names (0..1)."""
+    if not question.attributes or not sentence:
+        return 0.0
+    lexicon = attributes.lexicon(analyse_many, params.units, params.glossed)
+    stated_terms = set(analyzer.terms(common_words(sentence))).difference(question.terms)
+    return attributes.agreement(question.attributes, lexicon.attributes(stated_terms))
