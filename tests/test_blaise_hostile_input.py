@@ -22,7 +22,7 @@ from support.records import write_key_file
 
 import hicache_galahad
 from hicache_galahad.blaise import Blaise
-from hicache_galahad.blaise import memory as memory_module
+from hicache_galahad.blaise import layout as layout_module
 from hicache_galahad.blaise.records import (
     LOG_ENTRY_BYTES,
     MAX_DOC_ID_BYTES,
@@ -308,7 +308,7 @@ def test_a_document_of_another_type_is_refused(tmp_path, text):
 def test_a_manifest_over_the_read_cap_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """A manifest the store would refuse to read back (64 MiB) is refused before its sections
     are written; the cap is lowered here so that a small document reaches it."""
-    monkeypatch.setattr(memory_module, "MAX_MANIFEST_BYTES", 4096)
+    monkeypatch.setattr(layout_module, "MAX_MANIFEST_BYTES", 4096)
     text = "".join(f"# Part {i}\n\nThe part {i} says little.\n\n" for i in range(200))
     with Blaise(str(tmp_path), budget_tokens=20, min_tokens=0) as memory:
         before = files_under(tmp_path)
