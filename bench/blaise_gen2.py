@@ -720,7 +720,10 @@ def run_blaise(docs, facts, tokenizer, params: RankParams | None = None) -> Resu
             else:
                 kind = next((k for k, s in fact.decoys.items() if s in text), "other")
                 misses[kind] += 1
-                missed.append(f"[{kind}] {fact.question} -> {fact.sentence}")
+                missed.append(
+                    f"[{kind}] {fact.question} -> {fact.sentence}"
+                    + (f"  <= {fact.decoys.get(kind)}" if kind in fact.decoys else "")
+                )
             if found and tokenizer is not None:
                 prompt = memory.prompt(
                     fact.question, tokenizer, page_size=PAGE_SIZE, selection=found[0]

@@ -90,7 +90,7 @@ def test_add_remove_and_ties():
         ("How high is the lighthouse?", AnswerType.LENGTH),
         ("What is the length of the canal?", AnswerType.LENGTH),
         ("How many residents does the town have?", AnswerType.TALLY),
-        ("What is the number of members of the guild?", AnswerType.COUNT),
+        ("What is the number of members of the guild?", AnswerType.TALLY),  # a group
         ("How crowded is the town?", AnswerType.COUNT),
         ("How do ferries cross the estuary?", None),
         ("Why did the council meet?", None),
@@ -425,6 +425,31 @@ def test_units_of_time_and_of_two_words():
             "How many people can the Nummes Hall accommodate?",
             "The Nummes Hall seats 28,887 spectators.",
             "The floor of the Nummes Hall spans 929 square metres.",
+        ),
+        (  # round 3 (gen3, gen4): "clock" names the subject, not the attribute asked
+            "What is the weight of the Paisdrirk clock?",
+            "The iron works of the Paisdrirk clock come to 4,200 pounds.",
+            "The Paisdrirk clock was made by Sarkstir Braindsaith.",
+        ),
+        (  # a noun.person noun of WordNet's, however rare, asks for a person
+            "Which warden was in charge of the Densou Light?",
+            "The keeper of the Densou Light was Pimmol Stairsul.",
+            "The Densou Light stands 147 feet tall.",
+        ),
+        (  # a count of people: a number of monks, not of volumes
+            "How many brothers lived at Vondhi Abbey?",
+            "At its height Vondhi Abbey housed 12 monks.",
+            "The library of Vondhi Abbey held 3,400 volumes.",
+        ),
+        (
+            "How large was the community of Kuthean Abbey?",
+            "Kuthean Abbey was home to 271 monks.",
+            "Kuthean Abbey kept 5,200 volumes on its shelves.",
+        ),
+        (  # "what is the <group noun>" asks for the size of the group
+            "What is the turnout at the Gousdal Festival?",
+            "Some 198,000 visitors come to the Gousdal Festival.",
+            "The Gousdal Festival charges €131 at the gate.",
         ),
     ],
 )

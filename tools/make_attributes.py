@@ -36,9 +36,8 @@ be borne or conveyed" -> weight), or a noun that an adjective of such a lemma pe
 (monetary_value -> monetary -> money: pay, "give money ..." -> money).
 
 Person and group nouns (PERSON_NOUNS, GROUP_NOUNS): the single-word nouns whose first sense
-is in the noun.person (or noun.group) lexicographer file and was seen in WordNet's
-sense-tagged corpus ("which craftsman" asks for a person; "how large was the staff" for a
-count of members).
+is in the noun.person (or noun.group) lexicographer file ("which warden" asks for a person;
+"how large was the staff", "what is the turnout" for a count of members).
 """
 
 from __future__ import annotations
@@ -306,9 +305,9 @@ GROUP_LEXFILE = 14  # noun.group
 
 
 def lexfile_nouns(directory: str, senses, lexfile: int) -> list[str]:
-    """The nouns whose first sense is in WordNet's lexicographer file `lexfile` and has been
-    seen in its sense-tagged corpus (a tag count above 0: craftsman, architect; not the rare
-    ones), single words only. PERSON_NOUNS (noun.person): "Which craftsman ..." asks for a
+    """The nouns whose first sense is in WordNet's lexicographer file `lexfile`, single words
+    only (issue 33, round 3: rare ones too, warden, optician, turnout; round 2 took only those
+    seen in the sense-tagged corpus). PERSON_NOUNS (noun.person): "Which craftsman ..." asks for a
     person; GROUP_NOUNS (noun.group): "How large was the staff ..." asks for a count of
     members."""
     lexfiles = {}
@@ -326,8 +325,7 @@ def lexfile_nouns(directory: str, senses, lexfile: int) -> list[str]:
             fields = line.split()
             if line.startswith("  ") or not fields[0].isalpha():
                 continue
-            tagged = int(fields[len(fields) - int(fields[2]) - 1])
-            if tagged and lexfiles[senses[("n", fields[0])]] == lexfile:
+            if lexfiles[senses[("n", fields[0])]] == lexfile:
                 found.append(fields[0])
     return sorted(found)
 
@@ -360,8 +358,7 @@ def render(lexicon, units, glossed, persons, groups) -> str:
         lines.append(f"    {json.dumps(word)}: {json.dumps(dict(sorted(found.items())))},")
     lines.append("}")
     lines.append("")
-    lines.append("# nouns whose first sense is a person or a group (noun.person, noun.group;")
-    lines.append("# sense-tagged)")
+    lines.append("# nouns whose first sense is a person or a group (noun.person, noun.group)")
     for name, nouns in (("PERSON", persons), ("GROUP", groups)):
         lines.append(f'_{name}_NOUNS_TEXT = """')
         for at in range(0, len(nouns), 12):

@@ -138,6 +138,31 @@ def question_type(question: str) -> AnswerType | None:
     return None
 
 
+def asks_group_size(question: str) -> bool:
+    """Whether a what/which question names a group ("What is the turnout at ...?"): without
+    another cue, it asks for the group's size, a count of its members."""
+    return bool(_WHAT.search(question)) and _names_a_group(question)
+
+
+_WHAT = re.compile(r"\b(?:what|which)\b", re.I)
+_COUNTED = re.compile(r"\bhow many ([a-z]+)\b", re.I)
+
+
+def counts_persons(question: str) -> bool:
+    """Whether `question` asks for a number of people: "how many <person noun>" ("how many
+    brothers"), or the size of a group noun it names ("the community", "the staff")."""
+    counted = _COUNTED.search(question)
+    if counted and is_person_noun(counted.group(1)):
+        return True
+    return _names_a_group(question)
+
+
+def is_person_noun(word: str) -> bool:
+    """Whether `word` (a noun, maybe plural) names a person or a group of people."""
+    noun = _singular(word.lower())
+    return noun in PERSON_NOUNS or noun in GROUP_NOUNS
+
+
 _DETERMINED = re.compile(r"\b(?:the|a|an|its|their|his|her|this|that) ([a-z]+)\b", re.I)
 
 
@@ -167,6 +192,8 @@ def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
         return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
     if kind is AnswerType.PLACE:
         return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))
+    if kind is not AnswerType.PERSON:
+        return False  # a duration: in units of time (attributes.holds_measure)
     return any(
         _is_new(m.group(), question_words) and not _NOT_A_PERSON.search(m.group())
         for m in _NAME_PAIR.finditer(sentence)

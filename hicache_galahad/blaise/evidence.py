@@ -35,23 +35,32 @@ class Asked:
     attributes: dict[str, float] = field(default_factory=dict)  # attribute -> evidence
     words: frozenset[str] = frozenset()  # its lower-cased words (a held value is not one)
     terms: frozenset[str] = frozenset()  # its stems
+    persons: bool = False  # a count of people ("how many brothers", "the community")
 
 
-def asked(question: str, analyzer: Analyzer, params) -> Asked:
+def asked(question: str, analyzer: Analyzer, params, subject_terms=frozenset()) -> Asked:
     """What `question` asks for: the kind of value its wh-phrase names, and, unless that is
-    a person, a place or a date, the attributes its common words name (a question without a
-    wh-type takes its answer type from its strongest attribute)."""
+    a person, a place or a date, the attributes its common words other than `subject_terms`
+    (stems that name what it is about) name. A question without a wh-type takes its answer
+    type from its strongest attribute, else, naming a group, asks for the group's size."""
     wanted = answer.question_type(question)
     named: dict[str, float] = {}
     if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
         lexicon = attributes.lexicon(analyse_many, params.units, params.glossed)
-        named = lexicon.attributes(analyzer.terms(common_words(question)))
+        common = analyzer.terms(common_words(question))
+        named = lexicon.attributes(term for term in common if term not in subject_terms)
         wanted = wanted or attributes.answer_type(named)
+    if wanted is None and answer.asks_group_size(question):
+        wanted = AnswerType.TALLY
+    persons = wanted is AnswerType.TALLY and answer.counts_persons(question)
+    if persons:
+        named = {}  # the size of a group is the count of its members, not a measure
     return Asked(
         wanted,
         named,
         frozenset(_WORD.findall(question.lower())),
         frozenset(analyzer.terms(question)),
+        persons,
     )
 
 
@@ -65,10 +74,13 @@ def held(sentence: str, question: Asked, tally: bool = True) -> float:
     if wanted is AnswerType.AMOUNT:
         return float(attributes.holds_amount(sentence) or attributes.holds_tally(sentence))
     if wanted is AnswerType.TALLY and tally:
-        return float(attributes.holds_tally(sentence))
-    if wanted in (AnswerType.DURATION, AnswerType.LONG) and attributes.holds_measure(
-        sentence, "duration"
-    ):
+        if question.persons and attributes.holds_tally(sentence, of_persons=True):
+            return 1.0
+        # a count of things where people are asked is weaker evidence
+        return (0.5 if question.persons else 1.0) * attributes.holds_tally(sentence)
+    if wanted is AnswerType.DURATION:
+        return float(attributes.holds_measure(sentence, "duration"))
+    if wanted is AnswerType.LONG and attributes.holds_measure(sentence, "duration"):
         return 1.0
     return float(answer.holds(sentence, wanted, set(question.words)))
 

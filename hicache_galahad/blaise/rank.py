@@ -236,14 +236,21 @@ class Ranker:
             key=lambda kv: (-kv[1], kv[0]),
         )
         candidates = ranked[: max(params.candidates, k)]
-        question_asks = evidence.asked(question, self.analyzer, params)
+        best = [
+            self._best_sentence(self._sections[section], stem_of, idf, subject)
+            for section, _ in candidates
+        ]
+        # the question's words that every candidate's sentence holds name its subject ("the X
+        # clock"), not what it asks about: they say nothing of the attribute asked
+        stated = [terms for _, sentence, terms in best if sentence]
+        shared = frozenset.intersection(*stated) if subject and len(stated) > 1 else frozenset()
+        question_asks = evidence.asked(question, self.analyzer, params, shared)
         total_idf = sum(idf.values())
         fused = []
         evident: dict[int, float] = {}  # answer type held + attribute agreement
-        for section, score in candidates:
-            sentence_score, sentence, sentence_terms = self._best_sentence(
-                self._sections[section], stem_of, idf, subject
-            )
+        for (section, score), (sentence_score, sentence, sentence_terms) in zip(
+            candidates, best, strict=True
+        ):
             held = evidence.held(sentence, question_asks, params.tally)
             agree = evidence.agreement(sentence, question_asks, self.analyzer, params)
             # the attribute counts where the sentence is about the question's subject: scaled
