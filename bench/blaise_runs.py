@@ -42,10 +42,13 @@ def check_templates(module) -> list[str]:
     return problems
 
 
-def make_facts(module, rng, names: gen2.Names, hard: bool, count: int = gen2.NUM_FACTS):
+def make_facts(
+    module, rng, names: gen2.Names, hard: bool, count: int = gen2.NUM_FACTS, same_entity: int = 1
+):
     """`count` facts of the module's families in turn, each with gen2's four decoys when
     `hard` (the same entity with another attribute of its kind, a near name in the
-    question's own words, the same value for another entity, the family's echo)."""
+    question's own words, the same value for another entity, the family's echo); with
+    `same_entity` 2, a second decoy of the same entity with a third attribute."""
     facts = []
     forms = module.ENTITY_FORMS
     for index in range(count):
@@ -57,10 +60,12 @@ def make_facts(module, rng, names: gen2.Names, hard: bool, count: int = gen2.NUM
         question, statement = rng.choice(family.questions)
         decoys = {}
         if hard:
-            other = rng.choice([f for f in module.BY_KIND[family.kind] if f is not family])
-            decoys["same_entity"] = gen2.render(
-                rng.choice(other.facts), entity, other.value(rng, names)
-            )
+            others = [f for f in module.BY_KIND[family.kind] if f is not family]
+            chosen = [rng.choice(others)] if same_entity == 1 else rng.sample(others, same_entity)
+            for number, other in enumerate(chosen):
+                decoys["same_entity" + (f"_{number + 1}" if number else "")] = gen2.render(
+                    rng.choice(other.facts), entity, other.value(rng, names)
+                )
             near = forms[family.kind].replace("{N}", names.near(rng, name))
             decoys["near_name"] = gen2.render(statement, near, family.value(rng, names))
             someone = forms[family.kind].replace("{N}", names.fresh(rng, 2))
