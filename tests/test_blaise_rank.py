@@ -451,6 +451,16 @@ def test_units_of_time_and_of_two_words():
             "Some 198,000 visitors come to the Gousdal Festival.",
             "The Gousdal Festival charges €131 at the gate.",
         ),
+        (  # round 4 (gen4): a unit of distance per unit of time is a speed
+            "How fast was the airship Praistousbe?",
+            "The airship Praistousbe cruised at 102 kilometres per hour.",
+            "The hull of the airship Praistousbe was 226 yards long.",
+        ),
+        (  # "the number of <things>" asks for a count of them, not a measure
+            "What number of gates lift craft on the Nobramtan Canal?",
+            "Boats on the Nobramtan Canal pass 76 locks on the way.",
+            "The Nobramtan Canal winds through the country for 40 miles.",
+        ),
     ],
 )
 def test_the_same_entitys_other_attribute_loses(question, fact, decoy):

@@ -64,7 +64,8 @@ _QUESTION_RULES = (
         r"\bhow (high|tall|far|deep|wide|thick)\b|\b(height|length|distance|elevation|"
         r"altitude|width|depth)\b",
     ),
-    (AnswerType.TALLY, r"\bhow many\b"),
+    # "how many", "the number of <things>": a count of things
+    (AnswerType.TALLY, r"\bhow many\b|\bnumber of\b"),
     (
         AnswerType.COUNT,
         r"\bhow (much|large|big)\b|\b(number|size|amount|quantity|count|population|"

@@ -129,6 +129,18 @@ def holds_measure(sentence: str, attribute: str) -> bool:
     return any(attribute in _unit_at(sentence, m) for m in _TALLIED.finditer(sentence))
 
 
+def measured(sentence: str) -> dict[str, float]:
+    """attribute -> evidence for what the units after the numbers of `sentence` measure (a
+    unit of several attributes shares its weight among them: "4,200 pounds" is money or
+    weight; "102 kilometres per hour" is a speed)."""
+    found: dict[str, float] = {}
+    for match in _TALLIED.finditer(sentence):
+        units = _unit_at(sentence, match)
+        for attribute in units:
+            found[attribute] = max(found.get(attribute, 0.0), 1.0 / len(units))
+    return found
+
+
 def holds_amount(sentence: str) -> bool:
     """Whether `sentence` holds a quantity in units of measurement ("how much land": "spans
     929 square metres", "holds 40 litres"): a number followed by a unit (UNITS) that measures
@@ -143,7 +155,8 @@ _NEXT_WORD = re.compile(r"\s+([A-Za-z]+)")
 
 def _unit_at(sentence: str, match: re.Match) -> list[str]:
     """What the unit after a number measures (UNITS; a plural's -s or -es off, and a unit of
-    two words, "square metres", before one of one word); [] when no unit follows."""
+    two words, "square metres", before one of one word); [] when no unit follows. A unit of
+    distance per unit of time ("kilometres per hour", "miles an hour") measures speed."""
     first = (match.group(2) or "").lower()
     if not first:
         return []
@@ -153,7 +166,15 @@ def _unit_at(sentence: str, match: re.Match) -> list[str]:
         found = _unit(pair)
         if found:
             return found
-    return _unit(first)
+    found = _unit(first)
+    if following and {"distance", "length"} & set(found):
+        rate = _PER_UNIT.match(sentence, following.start())
+        if rate and "duration" in _unit(rate.group(1).lower()):
+            return ["speed"]
+    return found
+
+
+_PER_UNIT = re.compile(r"\s+(?:per|an|a|each|every)\s+([A-Za-z]+)", re.I)
 
 
 def _unit(word: str) -> list[str]:

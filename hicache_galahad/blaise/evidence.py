@@ -92,4 +92,8 @@ def agreement(sentence: str, question: Asked, analyzer: Analyzer, params) -> flo
         return 0.0
     lexicon = attributes.lexicon(analyse_many, params.units, params.glossed)
     stated_terms = set(analyzer.terms(common_words(sentence))).difference(question.terms)
-    return attributes.agreement(question.attributes, lexicon.attributes(stated_terms))
+    stated = lexicon.attributes(stated_terms)
+    if params.units:  # what its numbers' units measure, read as a unit ("kilometres per hour")
+        for attribute, weight in attributes.measured(sentence).items():
+            stated[attribute] = max(stated.get(attribute, 0.0), weight)
+    return attributes.agreement(question.attributes, stated)
