@@ -91,6 +91,12 @@ def test_add_remove_and_ties():
         ("What is the length of the canal?", AnswerType.LENGTH),
         ("How many residents does the town have?", AnswerType.TALLY),
         ("What is the number of members of the guild?", AnswerType.TALLY),  # a group
+        ("What is the admission fee of the fair?", AnswerType.MONEY),  # WordNet: under cost
+        ("For what period was the expedition out?", AnswerType.DURATION),  # time period
+        ("What locality hosts the fair?", AnswerType.PLACE),  # noun.location
+        ("What is the area of the park?", None),  # a location noun, but an attribute's word
+        ("What was the top speed of the ship?", None),  # "was" is no noun (WordNet: "wa")
+        ("In what year did it open?", AnswerType.YEAR),  # the cue before the head noun
         ("How crowded is the town?", AnswerType.COUNT),
         ("How do ferries cross the estuary?", None),
         ("Why did the council meet?", None),
@@ -455,6 +461,16 @@ def test_units_of_time_and_of_two_words():
             "How fast was the airship Praistousbe?",
             "The airship Praistousbe cruised at 102 kilometres per hour.",
             "The hull of the airship Praistousbe was 226 yards long.",
+        ),
+        (  # round 5 (gen3): the head noun's first sense: a period is a time period
+            "For what period was the Prathklolgrer expedition out?",
+            "The members of the Prathklolgrer expedition spent 120 days away.",
+            "The roll of the Prathklolgrer expedition listed 120 members.",
+        ),
+        (  # a harbour is a location
+            "From what harbour did the Grithstes expedition leave?",
+            "The Grithstes expedition started its march at Sarklos.",
+            "The Grithstes expedition was out for 231 days.",
         ),
         (  # "the number of <things>" asks for a count of them, not a measure
             "What number of gates lift craft on the Nobramtan Canal?",

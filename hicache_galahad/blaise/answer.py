@@ -15,7 +15,14 @@ from __future__ import annotations
 import enum
 import re
 
-from .attributes_data import GROUP_NOUNS, PERSON_NOUNS
+from .attributes_data import (
+    ATTRIBUTES,
+    DURATION_NOUNS,
+    GROUP_NOUNS,
+    MONEY_NOUNS,
+    PERSON_NOUNS,
+    PLACE_NOUNS,
+)
 
 
 class AnswerType(enum.Enum):
@@ -121,21 +128,53 @@ _NOT_A_PERSON = re.compile(
 
 
 _ASKED_NOUN = re.compile(r"\b(?:which|what) ([a-z]+)\b", re.I)
+# "what is the admission fee of ...": the last word before a preposition or the end
+_ASKED_PHRASE = re.compile(
+    r"\b(?:which|what) (?:is|was|are|were) (?:the|its|their) ((?:[a-z]+ )*?)([a-z]+)"
+    r"(?= (?:of|for|at|on|in|to|charged|paid)\b|\?|$)",
+    re.I,
+)
+_ATTRIBUTE_WORDS = frozenset(word for words in ATTRIBUTES.values() for word in words)
+# what a head noun's first sense is (WordNet, attributes_data.py), in this order
+_HEAD_NOUN_TYPES = (
+    (PERSON_NOUNS, AnswerType.PERSON),
+    (MONEY_NOUNS, AnswerType.MONEY),
+    (DURATION_NOUNS, AnswerType.DURATION),
+    (PLACE_NOUNS, AnswerType.PLACE),
+)
 
 
 def question_type(question: str) -> AnswerType | None:
     """The kind of value `question` asks for, or None when no cue says. Besides the cue
-    words, "which/what <noun>" asks for a person when the noun's first sense is one
-    (PERSON_NOUNS, from WordNet: "which craftsman"), and a size or number asked of a group
+    words, the head noun of "which/what <noun>" or "what is the ... <noun> of" says it when
+    its first sense in WordNet is a person ("which craftsman"), an amount of money ("the
+    admission fee"), a time period ("for what period") or a place ("what locality"; not an
+    attribute's own word, such as *area*), and a size or number asked of a group
     (GROUP_NOUNS: "how large was the staff") is a count of its members."""
-    asked = _ASKED_NOUN.search(question)
-    if asked and _singular(asked.group(1).lower()) in PERSON_NOUNS:
-        return AnswerType.PERSON
+    headed = _head_noun_type(question)
+    if headed is AnswerType.PERSON:
+        return headed
     for kind, pattern in _QUESTION:
         if pattern.search(question):
             if kind is AnswerType.COUNT and _names_a_group(question):
                 return AnswerType.TALLY  # the size of a group: a count of its members
             return kind
+    return headed  # the head noun's, when no cue word says
+
+
+_NOT_NOUNS = frozenset(_FUNCTION_WORDS.split("|"))
+
+
+def _head_noun_type(question: str) -> AnswerType | None:
+    heads = [m.group(2) for m in _ASKED_PHRASE.finditer(question)]
+    heads += [m.group(1) for m in _ASKED_NOUN.finditer(question)]
+    for head in heads:
+        if head.lower() in _NOT_NOUNS:
+            continue  # "what was", "which did"
+        noun = _singular(head.lower())
+        for nouns, kind in _HEAD_NOUN_TYPES:
+            if noun in nouns and (kind is AnswerType.PERSON or noun not in _ATTRIBUTE_WORDS):
+                return kind
     return None
 
 
