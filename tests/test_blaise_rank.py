@@ -462,6 +462,11 @@ def test_units_of_time_and_of_two_words():
             "The airship Praistousbe cruised at 102 kilometres per hour.",
             "The hull of the airship Praistousbe was 226 yards long.",
         ),
+        (  # round 6 (gen4): a group whose members are things counts things, not people
+            "How big was the collection of manuscripts at Stilgeal Abbey?",
+            "Stilgeal Abbey kept 5,200 volumes on its shelves.",
+            "At its height Stilgeal Abbey housed 144 monks.",
+        ),
         (  # round 5 (gen3): the head noun's first sense: a period is a time period
             "For what period was the Prathklolgrer expedition out?",
             "The members of the Prathklolgrer expedition spent 120 days away.",

@@ -188,13 +188,19 @@ _WHAT = re.compile(r"\b(?:what|which)\b", re.I)
 _COUNTED = re.compile(r"\bhow many ([a-z]+)\b", re.I)
 
 
-def counts_persons(question: str) -> bool:
-    """Whether `question` asks for a number of people: "how many <person noun>" ("how many
-    brothers"), or the size of a group noun it names ("the community", "the staff")."""
-    counted = _COUNTED.search(question)
-    if counted and is_person_noun(counted.group(1)):
-        return True
-    return _names_a_group(question)
+def counts_persons(question: str) -> bool | None:
+    """Whether `question` asks for a number of people: True for "how many <person noun>"
+    ("how many brothers") or the size of a group it names ("the community", "the staff"),
+    False when it names the things counted and they are not people ("how many locks", "the
+    collection of manuscripts"), None when it names none."""
+    counted = _COUNTED.search(question) or _MEMBERS.search(question)
+    if counted:
+        return is_person_noun(counted.group(1))
+    return True if _names_a_group(question) else None
+
+
+# the members of a group: "the collection of manuscripts"
+_MEMBERS = re.compile(r"\b[a-z]+ of ([a-z]+s)\b(?<!ss)")
 
 
 def is_person_noun(word: str) -> bool:

@@ -102,12 +102,12 @@ def lexicon(
 _TALLIED = re.compile(r"(?<![\w.,$€£¥])(\d+(?:,\d{3})*(?:\.\d+)?)(?:\s+([A-Za-z]+))?")
 
 
-def holds_tally(sentence: str, of_persons: bool = False) -> bool:
+def holds_tally(sentence: str, of_persons: bool | None = None) -> bool:
     """Whether `sentence` holds a count of things ("how many"): a number that is not a year,
     not an amount of money and not followed by a unit of measurement that does not measure
     a number (UNITS: "8,555 seats" and "17,561 men" are counts, "1,479 metres" and "£80.5
-    million" are not). `of_persons`: a count of people, the number followed by a noun of a
-    person or a group ("251 monks", not "251 volumes")."""
+    million" are not). `of_persons` True: a count of people, the number followed by a noun
+    of a person or a group ("251 monks", not "251 volumes"); False: a count of other things."""
     for match in _TALLIED.finditer(sentence):
         if answer.holds(match.group(), AnswerType.YEAR, set()) and "," not in match.group(1):
             continue
@@ -117,7 +117,7 @@ def holds_tally(sentence: str, of_persons: bool = False) -> bool:
         measured = _unit_at(sentence, match)
         if measured and "number" not in measured:
             continue
-        if of_persons and not answer.is_person_noun(after):
+        if of_persons is not None and of_persons != answer.is_person_noun(after):
             continue
         return True
     return False

@@ -35,7 +35,7 @@ class Asked:
     attributes: dict[str, float] = field(default_factory=dict)  # attribute -> evidence
     words: frozenset[str] = frozenset()  # its lower-cased words (a held value is not one)
     terms: frozenset[str] = frozenset()  # its stems
-    persons: bool = False  # a count of people ("how many brothers", "the community")
+    persons: bool | None = None  # a count of people (True), of other things named (False)
 
 
 def asked(question: str, analyzer: Analyzer, params, subject_terms=frozenset()) -> Asked:
@@ -52,7 +52,7 @@ def asked(question: str, analyzer: Analyzer, params, subject_terms=frozenset()) 
         wanted = wanted or attributes.answer_type(named)
     if wanted is None and answer.asks_group_size(question):
         wanted = AnswerType.TALLY
-    persons = wanted is AnswerType.TALLY and answer.counts_persons(question)
+    persons = answer.counts_persons(question) if wanted is AnswerType.TALLY else None
     if persons:
         named = {}  # the size of a group is the count of its members, not a measure
     return Asked(
@@ -74,10 +74,12 @@ def held(sentence: str, question: Asked, tally: bool = True) -> float:
     if wanted is AnswerType.AMOUNT:
         return float(attributes.holds_amount(sentence) or attributes.holds_tally(sentence))
     if wanted is AnswerType.TALLY and tally:
-        if question.persons and attributes.holds_tally(sentence, of_persons=True):
+        if question.persons is None:
+            return float(attributes.holds_tally(sentence))
+        # a count of people where things are asked, or of things where people are, is weaker
+        if attributes.holds_tally(sentence, of_persons=question.persons):
             return 1.0
-        # a count of things where people are asked is weaker evidence
-        return (0.5 if question.persons else 1.0) * attributes.holds_tally(sentence)
+        return 0.5 * attributes.holds_tally(sentence)
     if wanted is AnswerType.DURATION:
         return float(attributes.holds_measure(sentence, "duration"))
     if wanted is AnswerType.LONG and attributes.holds_measure(sentence, "duration"):
