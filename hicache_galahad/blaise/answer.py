@@ -130,7 +130,7 @@ _NOT_A_PERSON = re.compile(
 _ASKED_NOUN = re.compile(r"\b(?:which|what) ([a-z]+)\b", re.I)
 # "what is the admission fee of ...": the last word before a preposition or the end
 _ASKED_PHRASE = re.compile(
-    r"\b(?:which|what) (?:is|was|are|were) (?:the|its|their) ((?:[a-z]+ )*?)([a-z]+)"
+    r"\b(?:which|what) (?:is|was|are|were) (?:the|its|their) ((?:[a-z]+ ){0,3}?)([a-z]+)"
     r"(?= (?:of|for|at|on|in|to|charged|paid)\b|\?|$)",
     re.I,
 )
