@@ -1,10 +1,12 @@
 """Expected answer types: what kind of value a question asks for, and whether a sentence holds
-one. Pure code: regular expressions, and WordNet's person and group nouns (attributes_data.py).
+one. Pure code: regular expressions, and WordNet's noun lists (attributes_data.py).
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
 high" for a length, "how many" for a count, "how much <noun>" for a quantity of it (a
-measure or a count, not money). A sentence that shares the question's rare words
+measure or a count, not money); without a cue word, the head noun of "what/which <noun>"
+says it from its WordNet first sense (a person, money, a time period, a place; a group asks
+for a count of its members). A sentence that shares the question's rare words
 (a name) but holds no value of the asked kind is less likely to answer it; this is what
 separates the sentence about an entity's founding year from another about its leader when the
 question words ("established", "created") appear in neither.
