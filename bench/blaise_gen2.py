@@ -33,7 +33,6 @@ import argparse
 import os
 import random
 import re
-import statistics
 import sys
 import tempfile
 import time
@@ -44,16 +43,12 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bench_blaise import (  # noqa: E402
-    CORPORA,
     PAGE_SIZE,
-    TekkenTokenizer,
-    machine_header,
-    percentile,
-    run_baseline,
 )
 
 from hicache_galahad.blaise import Blaise  # noqa: E402
-from hicache_galahad.blaise.rank import STOP_WORDS, RankParams  # noqa: E402
+from hicache_galahad.blaise.analyzer import STOP_WORDS  # noqa: E402
+from hicache_galahad.blaise.rank import RankParams  # noqa: E402
 
 NUM_FACTS = 100
 DECOY_DISTANCE = 25_000  # bytes of corpus between a fact and each of its decoys
@@ -719,7 +714,10 @@ def run_blaise(docs, facts, tokenizer, params: RankParams | None = None) -> Resu
             else:
                 kind = next((k for k, s in fact.decoys.items() if s in text), "other")
                 misses[kind] += 1
-                missed.append(f"[{kind}] {fact.question} -> {fact.sentence}")
+                missed.append(
+                    f"[{kind}] {fact.question} -> {fact.sentence}"
+                    + (f"  <= {fact.decoys.get(kind)}" if kind in fact.decoys else "")
+                )
             if found and tokenizer is not None:
                 prompt = memory.prompt(
                     fact.question, tokenizer, page_size=PAGE_SIZE, selection=found[0]
@@ -730,13 +728,11 @@ def run_blaise(docs, facts, tokenizer, params: RankParams | None = None) -> Resu
 
 
 def main(argv: list[str] | None = None) -> int:
+    import blaise_runs as runs  # (it imports this module)
+
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--split", choices=sorted(SPLIT_SEEDS), default="train")
-    parser.add_argument("--seeds", type=int, default=3)
-    parser.add_argument("--version", choices=("easy", "hard"), default="hard")
-    parser.add_argument("--corpus", choices=sorted(CORPORA), default="wiki")
-    parser.add_argument("--show-misses", action="store_true")
-    parser.add_argument("--no-baseline", action="store_true")
+    runs.add_arguments(parser, seeds=3)
     parser.add_argument(
         "--set", action="append", default=[], metavar="FIELD=VALUE",
         help="a RankParams field for Blaise (an ablation), e.g. units=0",
@@ -748,47 +744,15 @@ def main(argv: list[str] | None = None) -> int:
         name, _, value = item.partition("=")
         kind = type(getattr(params, name))
         fields[name] = kind(float(value)) if kind is not bool else value not in ("0", "false")
-    params = RankParams(**fields)
-    problems = check_templates()
-    if problems:
-        raise SystemExit("templates share content words:\n" + "\n".join(problems))
-    for line in machine_header():
-        print(line)
-    print(f"ranking: {params}")
-    print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    articles = CORPORA[args.corpus]()
-    tokenizer = TekkenTokenizer()
-    hits, base_hits, tokens, latencies, adds, misses = [], [], [], [], [], Counter()
     first = SPLIT_SEEDS[args.split]
-    for seed in range(first, first + args.seeds):
-        docs, facts = build_case(articles, seed, args.split, args.version == "hard")
-        result = run_blaise(docs, facts, tokenizer, params)
-        base = None if args.no_baseline else run_baseline(docs, facts, tokenizer)
-        hits.append(result.hits)
-        base_hits.append(base.hits if base else -1)
-        tokens += result.tokens
-        latencies += result.latencies_ms
-        adds.append(result.add_s)
-        misses.update(result.misses)
-        print(
-            f"{args.split} {args.version} seed {seed}: Blaise {result.hits}/{len(facts)}"
-            + (f", BM25 baseline {base.hits}/{len(facts)}" if base else "")
-            + f"; misses {dict(result.misses)}; add() {result.add_s * 1000:.0f} ms; select p95 "
-            f"{percentile(result.latencies_ms, 0.95):.2f} ms",
-            flush=True,
-        )
-        if args.show_misses:
-            for line in result.missed:
-                print("   miss:", line)
-    print(
-        f"summary {args.split} {args.version}: Blaise {hits} (min {min(hits)}, median "
-        f"{statistics.median(hits)}), baseline {base_hits}; misses {dict(misses)}; tokens/q "
-        f"median {statistics.median(tokens):.0f} (p95 {percentile(tokens, 0.95):.0f}); add() "
-        f"median {statistics.median(adds) * 1000:.0f} ms; select p50 "
-        f"{percentile(latencies, 0.5):.2f} p95 {percentile(latencies, 0.95):.2f} ms; load "
-        f"{os.getloadavg()[0]:.2f}"
+
+    def build(articles, seed, hard):
+        return build_case(articles, seed, args.split, hard)
+
+    seeds = range(first, first + args.seeds)
+    return runs.report(
+        args.split, build, seeds, args, RankParams(**fields), problems=check_templates()
     )
-    return 0
 
 
 if __name__ == "__main__":

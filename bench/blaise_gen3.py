@@ -27,16 +27,14 @@ from __future__ import annotations
 import argparse
 import os
 import random
-import statistics
 import sys
-from collections import Counter
 from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import blaise_gen2 as gen2  # noqa: E402
-from bench_blaise import CORPORA, TekkenTokenizer, machine_header, percentile, run_baseline  # noqa: E402
+import blaise_runs as runs  # noqa: E402
 
 FIRST_SEED = 2000
 
@@ -486,101 +484,25 @@ FAMILIES = (
     ),
 )  # fmt: skip
 
-BY_KIND: dict[str, list[Family]] = {}
-for _family in FAMILIES:
-    BY_KIND.setdefault(_family.kind, []).append(_family)
+BY_KIND = runs.by_kind(FAMILIES)
 
 
 def check_templates() -> list[str]:
-    """Every (question, fact template) pair of a family that shares a content word beyond
-    the kind noun: none is allowed."""
-    problems = []
-    for family in FAMILIES:
-        for question, _ in family.questions:
-            asked = gen2.content_stems(question) - KIND_WORDS
-            for fact in family.facts:
-                shared = asked & gen2.content_stems(fact)
-                if shared:
-                    problems.append(f"{family.name}: {question!r} / {fact!r} share {shared}")
-    return problems
-
-
-def make_facts(rng, names: gen2.Names, hard: bool, count: int = gen2.NUM_FACTS):
-    facts = []
-    for index in range(count):
-        family = FAMILIES[index % len(FAMILIES)]
-        name = names.fresh(rng, rng.choice((2, 3)))
-        entity = ENTITY_FORMS[family.kind].replace("{N}", name)
-        value = family.value(rng, names)
-        sentence = gen2.render(rng.choice(family.facts), entity, value)
-        question, statement = rng.choice(family.questions)
-        decoys = {}
-        if hard:
-            other = rng.choice([f for f in BY_KIND[family.kind] if f is not family])
-            decoys["same_entity"] = gen2.render(
-                rng.choice(other.facts), entity, other.value(rng, names)
-            )
-            near = ENTITY_FORMS[family.kind].replace("{N}", names.near(rng, name))
-            decoys["near_name"] = gen2.render(statement, near, family.value(rng, names))
-            someone = ENTITY_FORMS[family.kind].replace("{N}", names.fresh(rng, 2))
-            decoys["same_value"] = gen2.render(rng.choice(family.facts), someone, value)
-            decoys["echo"] = family.echo
-        facts.append(gen2.Fact(family.name, sentence, gen2.render(question, entity, ""), decoys))
-    return facts
+    return runs.check_templates(sys.modules[__name__])
 
 
 def build_case(articles, seed: int, hard: bool):
     rng = random.Random(f"gen3/{seed}")
-    facts = make_facts(rng, gen2.corpus_names(articles), hard)
+    facts = runs.make_facts(sys.modules[__name__], rng, gen2.corpus_names(articles), hard)
     return gen2.place(articles, facts, rng)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--seeds", type=int, default=5)
-    parser.add_argument("--version", choices=("easy", "hard"), default="hard")
-    parser.add_argument("--corpus", choices=sorted(CORPORA), default="wiki")
-    parser.add_argument("--show-misses", action="store_true")
-    parser.add_argument("--no-baseline", action="store_true")
+    runs.add_arguments(parser, seeds=5)
     args = parser.parse_args(argv)
-    problems = check_templates()
-    if problems:
-        raise SystemExit("templates share content words:\n" + "\n".join(problems))
-    for line in machine_header():
-        print(line)
-    print(f"load average at start: {os.getloadavg()[0]:.2f}")
-    articles = CORPORA[args.corpus]()
-    tokenizer = TekkenTokenizer()
-    hits, base_hits, tokens, latencies, adds, misses = [], [], [], [], [], Counter()
-    for seed in range(FIRST_SEED, FIRST_SEED + args.seeds):
-        docs, facts = build_case(articles, seed, args.version == "hard")
-        result = gen2.run_blaise(docs, facts, tokenizer)
-        base = None if args.no_baseline else run_baseline(docs, facts, tokenizer)
-        hits.append(result.hits)
-        base_hits.append(base.hits if base else -1)
-        tokens += result.tokens
-        latencies += result.latencies_ms
-        adds.append(result.add_s)
-        misses.update(result.misses)
-        print(
-            f"gen3 {args.version} seed {seed}: Blaise {result.hits}/{len(facts)}"
-            + (f", BM25 baseline {base.hits}/{len(facts)}" if base else "")
-            + f"; misses {dict(result.misses)}; add() {result.add_s * 1000:.0f} ms; select p95 "
-            f"{percentile(result.latencies_ms, 0.95):.2f} ms",
-            flush=True,
-        )
-        if args.show_misses:
-            for line in result.missed:
-                print("   miss:", line)
-    print(
-        f"summary gen3 {args.version}: Blaise {hits} (min {min(hits)}, median "
-        f"{statistics.median(hits)}), baseline {base_hits}; misses {dict(misses)}; tokens/q "
-        f"median {statistics.median(tokens):.0f} (p95 {percentile(tokens, 0.95):.0f}); add() "
-        f"median {statistics.median(adds) * 1000:.0f} ms; select p50 "
-        f"{percentile(latencies, 0.5):.2f} p95 {percentile(latencies, 0.95):.2f} ms; load "
-        f"{os.getloadavg()[0]:.2f}"
-    )
-    return 0
+    seeds = range(FIRST_SEED, FIRST_SEED + args.seeds)
+    return runs.report("gen3", build_case, seeds, args, problems=check_templates())
 
 
 if __name__ == "__main__":

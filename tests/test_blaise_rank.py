@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from hicache_galahad.blaise.analyzer import Analyzer
 from hicache_galahad.blaise.answer import AnswerType, holds, question_type
 from hicache_galahad.blaise.attributes import holds_tally
-from hicache_galahad.blaise.rank import Analyzer, Ranker, RankParams
+from hicache_galahad.blaise.rank import Ranker, RankParams
 
 FILLER = (
     "The old town lies on a river. Its market sells fish, bread and wool. The council meets in "
@@ -89,7 +90,13 @@ def test_add_remove_and_ties():
         ("How high is the lighthouse?", AnswerType.LENGTH),
         ("What is the length of the canal?", AnswerType.LENGTH),
         ("How many residents does the town have?", AnswerType.TALLY),
-        ("What is the number of members of the guild?", AnswerType.COUNT),
+        ("What is the number of members of the guild?", AnswerType.TALLY),  # a group
+        ("What is the admission fee of the fair?", AnswerType.MONEY),  # WordNet: under cost
+        ("For what period was the expedition out?", AnswerType.DURATION),  # time period
+        ("What locality hosts the fair?", AnswerType.PLACE),  # noun.location
+        ("What is the area of the park?", None),  # a location noun, but an attribute's word
+        ("What was the top speed of the ship?", None),  # "was" is no noun (WordNet: "wa")
+        ("In what year did it open?", AnswerType.YEAR),  # the cue before the head noun
         ("How crowded is the town?", AnswerType.COUNT),
         ("How do ferries cross the estuary?", None),
         ("Why did the council meet?", None),
@@ -131,7 +138,7 @@ def test_batch_gives_the_words_of_a_regex_split_and_their_stems():
 
     import Stemmer
 
-    from hicache_galahad.blaise.rank import STOP_WORDS
+    from hicache_galahad.blaise.analyzer import STOP_WORDS
 
     analyzer = Analyzer()
     texts = [MIXED, MIXED.upper(), "", "   ", "só ÉLAN élan"]
@@ -157,7 +164,7 @@ def test_a_family_is_every_word_with_the_stem():
     import Stemmer
 
     stemmer = Stemmer.Stemmer("english")
-    from hicache_galahad.blaise.rank import STOP_WORDS
+    from hicache_galahad.blaise.analyzer import STOP_WORDS
 
     words = [w for w in INFLECTED.split() if w not in STOP_WORDS]
     analyzer = Analyzer()
@@ -208,15 +215,16 @@ def test_attribute_words_separate_two_lengths():
 
 def test_the_lexicon_is_wordnet_derived_and_names_do_not_count():
     from hicache_galahad.blaise import attributes
-    from hicache_galahad.blaise.rank import _analyse_many, _common_words
+    from hicache_galahad.blaise.analyzer import analyse_many
+    from hicache_galahad.blaise.evidence import common_words
 
-    lexicon = attributes.lexicon(_analyse_many)
-    asked = lexicon.attributes(Analyzer().terms(_common_words("What did it set us back?")))
+    lexicon = attributes.lexicon(analyse_many)
+    asked = lexicon.attributes(Analyzer().terms(common_words("What did it set us back?")))
     assert max(asked, key=asked.get) == "money"
     assert attributes.answer_type(asked) is AnswerType.MONEY
     # "Tower" in a name is not the verb "tower" (a value of height)
     assert "height" not in lexicon.attributes(
-        Analyzer().terms(_common_words("Where is the Quorvane Tower?"))
+        Analyzer().terms(common_words("Where is the Quorvane Tower?"))
     )
 
 
@@ -423,6 +431,56 @@ def test_units_of_time_and_of_two_words():
             "How many people can the Nummes Hall accommodate?",
             "The Nummes Hall seats 28,887 spectators.",
             "The floor of the Nummes Hall spans 929 square metres.",
+        ),
+        (  # round 3 (gen3, gen4): "clock" names the subject, not the attribute asked
+            "What is the weight of the Paisdrirk clock?",
+            "The iron works of the Paisdrirk clock come to 4,200 pounds.",
+            "The Paisdrirk clock was made by Sarkstir Braindsaith.",
+        ),
+        (  # a noun.person noun of WordNet's, however rare, asks for a person
+            "Which warden was in charge of the Densou Light?",
+            "The keeper of the Densou Light was Pimmol Stairsul.",
+            "The Densou Light stands 147 feet tall.",
+        ),
+        (  # a count of people: a number of monks, not of volumes
+            "How many brothers lived at Vondhi Abbey?",
+            "At its height Vondhi Abbey housed 12 monks.",
+            "The library of Vondhi Abbey held 3,400 volumes.",
+        ),
+        (
+            "How large was the community of Kuthean Abbey?",
+            "Kuthean Abbey was home to 271 monks.",
+            "Kuthean Abbey kept 5,200 volumes on its shelves.",
+        ),
+        (  # "what is the <group noun>" asks for the size of the group
+            "What is the turnout at the Gousdal Festival?",
+            "Some 198,000 visitors come to the Gousdal Festival.",
+            "The Gousdal Festival charges €131 at the gate.",
+        ),
+        (  # round 4 (gen4): a unit of distance per unit of time is a speed
+            "How fast was the airship Praistousbe?",
+            "The airship Praistousbe cruised at 102 kilometres per hour.",
+            "The hull of the airship Praistousbe was 226 yards long.",
+        ),
+        (  # round 6 (gen4): a group whose members are things counts things, not people
+            "How big was the collection of manuscripts at Stilgeal Abbey?",
+            "Stilgeal Abbey kept 5,200 volumes on its shelves.",
+            "At its height Stilgeal Abbey housed 144 monks.",
+        ),
+        (  # round 5 (gen3): the head noun's first sense: a period is a time period
+            "For what period was the Prathklolgrer expedition out?",
+            "The members of the Prathklolgrer expedition spent 120 days away.",
+            "The roll of the Prathklolgrer expedition listed 120 members.",
+        ),
+        (  # a harbour is a location
+            "From what harbour did the Grithstes expedition leave?",
+            "The Grithstes expedition started its march at Sarklos.",
+            "The Grithstes expedition was out for 231 days.",
+        ),
+        (  # "the number of <things>" asks for a count of them, not a measure
+            "What number of gates lift craft on the Nobramtan Canal?",
+            "Boats on the Nobramtan Canal pass 76 locks on the way.",
+            "The Nobramtan Canal winds through the country for 40 miles.",
         ),
     ],
 )

@@ -1,10 +1,12 @@
 """Expected answer types: what kind of value a question asks for, and whether a sentence holds
-one. Pure code: regular expressions, and WordNet's person and group nouns (attributes_data.py).
+one. Pure code: regular expressions, and WordNet's noun lists (attributes_data.py).
 
 The classic cue of question answering systems (the TREC QA track's answer types): "who" asks
 for a person, "where" for a place, "when" for a date, "how much money" for an amount, "how
 high" for a length, "how many" for a count, "how much <noun>" for a quantity of it (a
-measure or a count, not money). A sentence that shares the question's rare words
+measure or a count, not money); without a cue word, the head noun of "what/which <noun>"
+says it from its WordNet first sense (a person, money, a time period, a place; a group asks
+for a count of its members). A sentence that shares the question's rare words
 (a name) but holds no value of the asked kind is less likely to answer it; this is what
 separates the sentence about an entity's founding year from another about its leader when the
 question words ("established", "created") appear in neither.
@@ -15,7 +17,14 @@ from __future__ import annotations
 import enum
 import re
 
-from .attributes_data import GROUP_NOUNS, PERSON_NOUNS
+from .attributes_data import (
+    ATTRIBUTES,
+    DURATION_NOUNS,
+    GROUP_NOUNS,
+    MONEY_NOUNS,
+    PERSON_NOUNS,
+    PLACE_NOUNS,
+)
 
 
 class AnswerType(enum.Enum):
@@ -64,7 +73,8 @@ _QUESTION_RULES = (
         r"\bhow (high|tall|far|deep|wide|thick)\b|\b(height|length|distance|elevation|"
         r"altitude|width|depth)\b",
     ),
-    (AnswerType.TALLY, r"\bhow many\b"),
+    # "how many", "the number of <things>": a count of things
+    (AnswerType.TALLY, r"\bhow many\b|\bnumber of\b"),
     (
         AnswerType.COUNT,
         r"\bhow (much|large|big)\b|\b(number|size|amount|quantity|count|population|"
@@ -120,22 +130,85 @@ _NOT_A_PERSON = re.compile(
 
 
 _ASKED_NOUN = re.compile(r"\b(?:which|what) ([a-z]+)\b", re.I)
+# "what is the admission fee of ...": the last word before a preposition or the end
+_ASKED_PHRASE = re.compile(
+    r"\b(?:which|what) (?:is|was|are|were) (?:the|its|their) ((?:[a-z]+ ){0,3}?)([a-z]+)"
+    r"(?= (?:of|for|at|on|in|to|charged|paid)\b|\?|$)",
+    re.I,
+)
+_ATTRIBUTE_WORDS = frozenset(word for words in ATTRIBUTES.values() for word in words)
+# what a head noun's first sense is (WordNet, attributes_data.py), in this order
+_HEAD_NOUN_TYPES = (
+    (PERSON_NOUNS, AnswerType.PERSON),
+    (MONEY_NOUNS, AnswerType.MONEY),
+    (DURATION_NOUNS, AnswerType.DURATION),
+    (PLACE_NOUNS, AnswerType.PLACE),
+)
 
 
 def question_type(question: str) -> AnswerType | None:
     """The kind of value `question` asks for, or None when no cue says. Besides the cue
-    words, "which/what <noun>" asks for a person when the noun's first sense is one
-    (PERSON_NOUNS, from WordNet: "which craftsman"), and a size or number asked of a group
+    words, the head noun of "which/what <noun>" or "what is the ... <noun> of" says it when
+    its first sense in WordNet is a person ("which craftsman"), an amount of money ("the
+    admission fee"), a time period ("for what period") or a place ("what locality"; not an
+    attribute's own word, such as *area*), and a size or number asked of a group
     (GROUP_NOUNS: "how large was the staff") is a count of its members."""
-    asked = _ASKED_NOUN.search(question)
-    if asked and _singular(asked.group(1).lower()) in PERSON_NOUNS:
-        return AnswerType.PERSON
+    headed = _head_noun_type(question)
+    if headed is AnswerType.PERSON:
+        return headed
     for kind, pattern in _QUESTION:
         if pattern.search(question):
             if kind is AnswerType.COUNT and _names_a_group(question):
                 return AnswerType.TALLY  # the size of a group: a count of its members
             return kind
+    return headed  # the head noun's, when no cue word says
+
+
+_NOT_NOUNS = frozenset(_FUNCTION_WORDS.split("|"))
+
+
+def _head_noun_type(question: str) -> AnswerType | None:
+    heads = [m.group(2) for m in _ASKED_PHRASE.finditer(question)]
+    heads += [m.group(1) for m in _ASKED_NOUN.finditer(question)]
+    for head in heads:
+        if head.lower() in _NOT_NOUNS:
+            continue  # "what was", "which did"
+        noun = _singular(head.lower())
+        for nouns, kind in _HEAD_NOUN_TYPES:
+            if noun in nouns and (kind is AnswerType.PERSON or noun not in _ATTRIBUTE_WORDS):
+                return kind
     return None
+
+
+def asks_group_size(question: str) -> bool:
+    """Whether a what/which question names a group ("What is the turnout at ...?"): without
+    another cue, it asks for the group's size, a count of its members."""
+    return bool(_WHAT.search(question)) and _names_a_group(question)
+
+
+_WHAT = re.compile(r"\b(?:what|which)\b", re.I)
+_COUNTED = re.compile(r"\bhow many ([a-z]+)\b", re.I)
+
+
+def counts_persons(question: str) -> bool | None:
+    """Whether `question` asks for a number of people: True for "how many <person noun>"
+    ("how many brothers") or the size of a group it names ("the community", "the staff"),
+    False when it names the things counted and they are not people ("how many locks", "the
+    collection of manuscripts"), None when it names none."""
+    counted = _COUNTED.search(question) or _MEMBERS.search(question)
+    if counted:
+        return is_person_noun(counted.group(1))
+    return True if _names_a_group(question) else None
+
+
+# the members of a group: "the collection of manuscripts"
+_MEMBERS = re.compile(r"\b[a-z]+ of ([a-z]+s)\b(?<!ss)")
+
+
+def is_person_noun(word: str) -> bool:
+    """Whether `word` (a noun, maybe plural) names a person or a group of people."""
+    noun = _singular(word.lower())
+    return noun in PERSON_NOUNS or noun in GROUP_NOUNS
 
 
 _DETERMINED = re.compile(r"\b(?:the|a|an|its|their|his|her|this|that) ([a-z]+)\b", re.I)
@@ -167,6 +240,8 @@ def holds(sentence: str, kind: AnswerType, question_words: set[str]) -> bool:
         return any(not _YEAR.match(sentence, m.start()) for m in _NUMBER.finditer(sentence))
     if kind is AnswerType.PLACE:
         return any(_is_new(m.group(), question_words) for m in _PLACE.finditer(sentence))
+    if kind is not AnswerType.PERSON:
+        return False  # a duration: in units of time (attributes.holds_measure)
     return any(
         _is_new(m.group(), question_words) and not _NOT_A_PERSON.search(m.group())
         for m in _NAME_PAIR.finditer(sentence)

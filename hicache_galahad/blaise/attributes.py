@@ -102,11 +102,12 @@ def lexicon(
 _TALLIED = re.compile(r"(?<![\w.,$€£¥])(\d+(?:,\d{3})*(?:\.\d+)?)(?:\s+([A-Za-z]+))?")
 
 
-def holds_tally(sentence: str) -> bool:
+def holds_tally(sentence: str, of_persons: bool | None = None) -> bool:
     """Whether `sentence` holds a count of things ("how many"): a number that is not a year,
     not an amount of money and not followed by a unit of measurement that does not measure
     a number (UNITS: "8,555 seats" and "17,561 men" are counts, "1,479 metres" and "£80.5
-    million" are not)."""
+    million" are not). `of_persons` True: a count of people, the number followed by a noun
+    of a person or a group ("251 monks", not "251 volumes"); False: a count of other things."""
     for match in _TALLIED.finditer(sentence):
         if answer.holds(match.group(), AnswerType.YEAR, set()) and "," not in match.group(1):
             continue
@@ -116,6 +117,8 @@ def holds_tally(sentence: str) -> bool:
         measured = _unit_at(sentence, match)
         if measured and "number" not in measured:
             continue
+        if of_persons is not None and of_persons != answer.is_person_noun(after):
+            continue
         return True
     return False
 
@@ -124,6 +127,18 @@ def holds_measure(sentence: str, attribute: str) -> bool:
     """Whether `sentence` holds a number followed by a unit that measures `attribute`
     ("34 years": a duration; "5,446 square metres": an area)."""
     return any(attribute in _unit_at(sentence, m) for m in _TALLIED.finditer(sentence))
+
+
+def measured(sentence: str) -> dict[str, float]:
+    """attribute -> evidence for what the units after the numbers of `sentence` measure (a
+    unit of several attributes shares its weight among them: "4,200 pounds" is money or
+    weight; "102 kilometres per hour" is a speed)."""
+    found: dict[str, float] = {}
+    for match in _TALLIED.finditer(sentence):
+        units = _unit_at(sentence, match)
+        for attribute in units:
+            found[attribute] = max(found.get(attribute, 0.0), 1.0 / len(units))
+    return found
 
 
 def holds_amount(sentence: str) -> bool:
@@ -140,7 +155,8 @@ _NEXT_WORD = re.compile(r"\s+([A-Za-z]+)")
 
 def _unit_at(sentence: str, match: re.Match) -> list[str]:
     """What the unit after a number measures (UNITS; a plural's -s or -es off, and a unit of
-    two words, "square metres", before one of one word); [] when no unit follows."""
+    two words, "square metres", before one of one word); [] when no unit follows. A unit of
+    distance per unit of time ("kilometres per hour", "miles an hour") measures speed."""
     first = (match.group(2) or "").lower()
     if not first:
         return []
@@ -150,7 +166,15 @@ def _unit_at(sentence: str, match: re.Match) -> list[str]:
         found = _unit(pair)
         if found:
             return found
-    return _unit(first)
+    found = _unit(first)
+    if following and {"distance", "length"} & set(found):
+        rate = _PER_UNIT.match(sentence, following.start())
+        if rate and "duration" in _unit(rate.group(1).lower()):
+            return ["speed"]
+    return found
+
+
+_PER_UNIT = re.compile(r"\s+(?:per|an|a|each|every)\s+([A-Za-z]+)", re.I)
 
 
 def _unit(word: str) -> list[str]:

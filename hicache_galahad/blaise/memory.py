@@ -16,31 +16,15 @@ Not thread-safe: use one Blaise per thread (several processes may share a root).
 from __future__ import annotations
 
 import hashlib
-import logging
-import time
-import unicodedata
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from . import prompt as prompt_mod
+from .layout import check_doc_id, decoded_slice, lay_out
 from .rank import Ranker, RankParams
-from .records import (
-    INLINE,
-    MAX_DOC_ID_BYTES,
-    MAX_MANIFEST_BYTES,
-    MAX_SECTION_BYTES,
-    Manifest,
-    SectionRef,
-    TextRecords,
-    block_key,
-    manifest_record,
-    pack_blocks,
-)
-from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens, segment
-
-log = logging.getLogger(__name__)
-
-WARN_INTERVAL_S = 10.0  # at most one warning per kind of skipped record in this interval
+from .records import Manifest, SectionRef, TextRecords
+from .segment import DEFAULT_BUDGET_TOKENS, DEFAULT_MIN_TOKENS, Section, estimate_tokens
+from .skips import SkipLog, Skipped
 
 __all__ = ["Blaise", "Selection", "Selections", "Skipped"]
 
@@ -54,16 +38,6 @@ class Selection:
     score: float
     headings: tuple[str, ...]
     number: int  # 1-based position of the section in its document
-
-
-@dataclass(frozen=True, slots=True)
-class Skipped:
-    """A record that failed its check (or is missing) and was not served."""
-
-    doc_id: str
-    what: str  # "section", "manifest" or "catalog entry"
-    start: int = -1
-    end: int = -1
 
 
 class Selections(list):
@@ -107,8 +81,7 @@ class Blaise:
         self._next_id = 0
         # mode 2: doc_id -> (tokenizer, manifest key, the document's index block as token ids)
         self._index_ids: dict[str, tuple[object, str, list[int]]] = {}
-        self.skipped: list[Skipped] = []  # everything skipped since open
-        self._warned: dict[str, tuple[float, int]] = {}  # kind -> (last warning, held back)
+        self.skipped = SkipLog()  # everything skipped since open
         self._load()
 
     # ------------------------------------------------------------------ open
@@ -116,39 +89,20 @@ class Blaise:
     def _load(self) -> None:
         catalog, damaged_log = self._records.replay()
         for number in damaged_log:
-            self._skip(Skipped("", "catalog entry", number, number))
+            self.skipped.add(Skipped("", "catalog entry", number, number))
         for doc_id, key in catalog.items():
             manifest = self._records.get_manifest(key)
             if manifest is None or manifest.doc_id != doc_id:
-                self._skip(Skipped(doc_id, "manifest"))
+                self.skipped.add(Skipped(doc_id, "manifest"))
                 continue
             texts = []
             datas = self._records.get_sections(manifest.sections)
             for ref, data in zip(manifest.sections, datas, strict=True):
                 text = _decoded(data)
                 if text is None:
-                    self._skip(Skipped(doc_id, "section", ref.start, ref.end))
+                    self.skipped.add(Skipped(doc_id, "section", ref.start, ref.end))
                 texts.append(text)
             self._index(doc_id, key, manifest, texts)
-
-    def _skip(self, item: Skipped) -> None:
-        """Counts a record that failed its check (in `skipped`) and warns, at most once per
-        kind of record every WARN_INTERVAL_S (a root of forged or damaged records is not a
-        stream of warnings); the next warning says how many were held back."""
-        self.skipped.append(item)
-        now_s = time.monotonic()
-        last_s, held = self._warned.get(item.what, (None, 0))
-        if last_s is not None and now_s - last_s < WARN_INTERVAL_S:
-            self._warned[item.what] = (last_s, held + 1)
-            return
-        self._warned[item.what] = (now_s, 0)
-        log.warning(
-            "blaise: %s %s of %r failed its check or is missing: not served%s",
-            item.what,
-            f"[{item.start}, {item.end})" if item.what == "section" else "",
-            item.doc_id,
-            f" ({held} more since the last warning)" if held else "",
-        )
 
     def _index(self, doc_id, key, manifest, texts) -> None:
         self._manifests[doc_id] = (key, manifest)
@@ -190,62 +144,24 @@ class Blaise:
         previous = self._manifests.get(doc_id)
         if previous is not None and previous[1].sha256 == digest:
             return [Section(r.start, r.end, r.headings) for r in previous[1].sections]
-        sections = segment(
+        layout = lay_out(
+            doc_id,
             data,
+            digest,
             budget_tokens=self.budget_tokens,
             min_tokens=self.min_tokens,
             count_tokens=self.count_tokens,
         )
-        chunks = [data[s.start : s.end] for s in sections]
-        for section, chunk in zip(sections, chunks, strict=True):
-            if len(chunk) > MAX_SECTION_BYTES:
-                raise ValueError(
-                    f"blaise: {doc_id!r} has a section of {len(chunk)} bytes "
-                    f"[{section.start}, {section.end}): over the read cap of "
-                    f"{MAX_SECTION_BYTES} bytes (lower budget_tokens)"
-                )
-        digests = [hashlib.sha256(chunk).hexdigest() for chunk in chunks]
-        blocks = pack_blocks([(s.start, s.end) for s in sections])
-        block_datas = [data[base:end] for base, end in blocks]
-        inline = len(blocks) == 1  # one block: it follows the manifest in the same record
-        block_keys = [INLINE] if inline else [block_key(doc_id, b) for b in block_datas]
-        refs, number = [], 0
-        for section, section_digest in zip(sections, digests, strict=True):
-            while section.start >= blocks[number][1]:
-                number += 1
-            refs.append(
-                SectionRef(
-                    section.start,
-                    section.end,
-                    block_keys[number],
-                    section.headings,
-                    section_digest,
-                    blocks[number][0],
-                )
-            )
-        refs = tuple(refs)
-        key, encoded = manifest_record(
-            Manifest(doc_id, len(data), digest, refs), block_datas[0] if inline else None
-        )
-        if inline:  # its sections are read from the manifest's own record
-            refs = tuple(replace(ref, key=key) for ref in refs)
-            block_keys, block_datas = [], []
-        manifest = Manifest(doc_id, len(data), digest, refs)
-        if len(encoded) > MAX_MANIFEST_BYTES:
-            raise ValueError(
-                f"blaise: the manifest of {doc_id!r} would be {len(encoded)} bytes: over the "
-                f"read cap of {MAX_MANIFEST_BYTES} bytes ({len(refs)} sections; raise "
-                "budget_tokens or split the document)"
-            )
         # the blocks, the manifest and the catalog entry that names them: one batch
-        entry = {"op": "add", "doc_id": doc_id, "manifest": key}
-        if not self._records.put_document([*block_keys, key], [*block_datas, encoded], entry):
+        entry = {"op": "add", "doc_id": doc_id, "manifest": layout.key}
+        if not self._records.put_document(layout.keys, layout.datas, entry):
             raise OSError(f"blaise: could not store {doc_id!r}")
         self._unindex(doc_id)
-        self._index(doc_id, key, manifest, [decoded_slice(data, r) for r in refs])
+        refs = layout.manifest.sections
+        self._index(doc_id, layout.key, layout.manifest, [decoded_slice(data, r) for r in refs])
         if previous is not None:
             self._delete_records(previous, keep={r.key for r in refs})
-        return sections
+        return layout.sections
 
     def remove(self, doc_id: str) -> bool:
         """Forgets a document and deletes its records; False if it was not there."""
@@ -329,9 +245,7 @@ class Blaise:
         entry = self._entries.pop(section_id)
         self._ranker.remove(section_id)
         self._ids_of[entry.doc_id].remove(section_id)
-        item = Skipped(entry.doc_id, "section", entry.ref.start, entry.ref.end)
-        self._skip(item)
-        return item
+        return self.skipped.add(Skipped(entry.doc_id, "section", entry.ref.start, entry.ref.end))
 
     def prompt(
         self,
@@ -407,23 +321,6 @@ class Blaise:
         self.close()
 
 
-def check_doc_id(doc_id) -> None:
-    """Raises ValueError unless `doc_id` can be stored: a non-empty str of at most
-    MAX_DOC_ID_BYTES UTF-8 bytes without control characters (C0, DEL, C1: a line break in an
-    id would break the prompt's "Source:" line and the index's one line per section)."""
-    if not isinstance(doc_id, str) or not doc_id:
-        raise ValueError(f"blaise: doc_id must be a non-empty str, not {doc_id!r:.80}")
-    try:
-        size = len(doc_id.encode("utf-8"))
-    except UnicodeEncodeError as error:
-        raise ValueError(f"blaise: doc_id is not encodable as UTF-8: {error}") from None
-    if size > MAX_DOC_ID_BYTES:
-        raise ValueError(f"blaise: doc_id of {size} UTF-8 bytes: the limit is {MAX_DOC_ID_BYTES}")
-    bad = next((c for c in doc_id if unicodedata.category(c) == "Cc"), None)
-    if bad is not None:
-        raise ValueError(f"blaise: doc_id {doc_id!r:.80} holds the control character {bad!r}")
-
-
 def _decoded(data: bytes | None) -> str | None:
     """Verified section bytes as text; None if missing or not UTF-8 (a forged manifest may
     name a slice with its true digest that cuts a character)."""
@@ -433,7 +330,3 @@ def _decoded(data: bytes | None) -> str | None:
         return data.decode("utf-8")
     except UnicodeDecodeError:
         return None
-
-
-def decoded_slice(data: bytes, ref: SectionRef) -> str:
-    return data[ref.start : ref.end].decode("utf-8")
