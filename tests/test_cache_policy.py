@@ -215,7 +215,7 @@ def test_records_with_a_backup_link_stay_evictable_without_recounts(tmp_path):
         assert counters.get("ledger_rebuilds", 0) == 0
         assert counters["evictions"] >= 32
         assert not any(store.contains(namespace, key) for key in old)  # the oldest went first
-        assert store.accounting.reaper.wait_idle(10)
+        assert store.accounting.order.reaper.wait_idle(10)
         assert store.usage_bytes() <= 32 * size
     assert len(os.listdir(backup)) == 32  # the backup's own links are untouched
 

@@ -20,7 +20,7 @@ from support.store_helpers import count_directory_entries
 from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, accounting
+from hicache_galahad.store import RecordStore, ledger_repair
 from hicache_galahad.store.journal import Journal, JournalItem
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 from hicache_galahad.store.ledger_state import HEAD, MAGIC, NS_ENTRY, NS_HEAD, LedgerState
@@ -220,12 +220,12 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
         _, committed, *rest = HEAD.unpack_from(data, 0)
         HEAD.pack_into(data, 0, MAGIC, committed + 30 * record, *rest)
         path.write_bytes(bytes(data))
-        monkeypatch.setattr(store.accounting, "_last_rebuild_s", 1e18)  # no recount due yet
+        monkeypatch.setattr(store.accounting.repair, "_last_rebuild_s", 1e18)  # no recount due yet
         assert not store.put(ALICE, key(999), b"x" * PAGE)  # refused ...
         assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 20  # ... nothing lost
         assert store.stats().counter("budget_unreconciled") >= 1
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
-        monkeypatch.setattr(store.accounting, "_last_rebuild_s", -1e18)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(store.accounting.repair, "_last_rebuild_s", -1e18)
         assert store.put(ALICE, key(999), b"x" * PAGE)  # recounted: the truth, and room
         assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 21
         assert store.usage_bytes() == store.checker.disk_bytes()
@@ -295,11 +295,11 @@ def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
     with RecordStore(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 40)
-        monkeypatch.setattr(accounting, "LOGICAL_SAMPLE_RECORDS", 8)
+        monkeypatch.setattr(ledger_repair, "LOGICAL_SAMPLE_RECORDS", 8)
         reads = []
-        real = store.accounting._logical_of
+        real = store.accounting.repair._logical_of
         monkeypatch.setattr(
-            store.accounting, "_logical_of", lambda *args: reads.append(args) or real(*args)
+            store.accounting.repair, "_logical_of", lambda *args: reads.append(args) or real(*args)
         )
         store.rebuild_ledger()
         assert len(reads) == 8

@@ -21,7 +21,7 @@ from hicache_galahad.config.options import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, accounting, namespaces
+from hicache_galahad.store import RecordStore, ledger_repair, namespaces
 from hicache_galahad.store.layout import record_filename
 from hicache_galahad.store.ledger_state import HEAD, MAGIC
 
@@ -127,7 +127,7 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
         assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
         assert store.stats().counter("budget_unreconciled") >= 1
         # ... and once it is due, the ledger is recounted from disk and the put succeeds.
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         assert store.put(ALICE, key(98), page(98))
         assert len(records_of(root, ALICE)) == 12 and len(records_of(root, BOB)) == 10
         assert store.usage_bytes() == store.checker.disk_bytes()
@@ -168,7 +168,7 @@ def test_reservations_of_sigkilled_writers_come_back_while_peers_run(tmp_path, m
         for writer in writers:  # ... and die holding it
             kill(writer)
         assert peer.usage_bytes() >= 10 * RECORD_BYTES + 24 * RECORD_BYTES
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         fill(peer, BOB, 25)  # needs the leaked space: reclaimed, nothing of alice evicted
         assert len(records_of(root, ALICE)) == 10 and len(records_of(root, BOB)) == 25
         assert peer.usage_bytes() == peer.checker.disk_bytes()

@@ -43,7 +43,7 @@ def test_disk_never_exceeds_max_bytes(tmp_path):
             # evicted files leave their names at once, their bytes held in the ledger until
             # the reaper has unlinked them (reaper.py): the cap holds meanwhile
             assert store_disk_bytes(root) <= max_bytes
-            assert store.accounting.reaper.wait_idle(10)
+            assert store.accounting.order.reaper.wait_idle(10)
             on_disk = store_disk_bytes(root)
             assert on_disk <= max_bytes
             assert store.usage_bytes() == on_disk
@@ -292,14 +292,14 @@ def test_a_batch_larger_than_the_room_stores_what_fits_in_order(tmp_path):
         store.register_namespace(NS_A)
         datas = [content(key, raw) for key in keys]
         assert store.put_many(NS_A, keys, datas) == [True] * 5 + [False] * 3
-        assert store.accounting.reaper.wait_idle(10)
+        assert store.accounting.order.reaper.wait_idle(10)
         assert present(store, keys) == set(keys[:5])
         assert store.usage_bytes() == store_disk_bytes(root) == 5 * size
         assert store.counters.snapshot()["no_space"] == 3
         # The next batch fits by evicting (a chain's tail goes first): reserved as a whole.
         more = [f"more-{index:02d}" for index in range(3)]
         assert store.put_many(NS_A, more, [content(k, raw) for k in more]) == [True] * 3
-        assert store.accounting.reaper.wait_idle(10)
+        assert store.accounting.order.reaper.wait_idle(10)
         assert present(store, keys + more) == set(keys[:2] + more)
         assert store.usage_bytes() == store_disk_bytes(root) <= 5 * size
         assert temp_files(root) == []

@@ -90,7 +90,8 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
                 resident.close()
             else:
                 with RecordStore(root, durability="none") as fresh:  # alone: cleans after open
-                    fresh.accounting.wait_for_sweep(30)  # (in the background: open scans none)
+                    # (in the background: open scans none)
+                    fresh.accounting.repair.wait_for_sweep(30)
                     assert temp_files(root) == []
                     removed = fresh.counters.snapshot()["stale_temp_removed"]
                     assert removed == len(left)

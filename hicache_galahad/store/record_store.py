@@ -102,8 +102,8 @@ class RecordStore:
             max_bytes=options.max_bytes,
             min_free_bytes=options.min_free_bytes,
             free_bytes=lambda: self._free_bytes(),  # looked up per call (tests replace it)
-            rebuild=self.accounting.rebuild_if_due,
-            reclaim=self.accounting.reclaim_dead,
+            rebuild=self.accounting.repair.rebuild_if_due,
+            reclaim=self.accounting.repair.reclaim_dead,
             on_event=self.counters.add,
             pinned_bytes=self.pins.total_bytes,
         )
@@ -132,10 +132,10 @@ class RecordStore:
             self.layout,
             self.reader,
             self.quarantine_box,
-            rebuild_ledger=self.accounting.rebuild,
+            rebuild_ledger=self.accounting.repair.rebuild,
             read_ledger=self.accounting.ledger.committed,
-            disk_bytes=self.accounting.disk_bytes,
-            is_alive=self.accounting.is_alive,
+            disk_bytes=self.accounting.repair.disk_bytes,
+            is_alive=self.accounting.repair.is_alive,
         )
         self.namespaces = NamespaceRegistry(
             self.layout,
@@ -150,11 +150,11 @@ class RecordStore:
             self._counter_file = CounterFile(
                 self.root,
                 self.accounting.token,
-                self.accounting.is_alive,
+                self.accounting.repair.is_alive,
                 self._settings(),
                 self.counters.snapshot,
             )
-            self.accounting.open_scan()
+            self.accounting.repair.open_scan()
 
     def _settings(self) -> dict:
         options = self.options
@@ -398,7 +398,7 @@ class RecordStore:
 
     def rebuild_ledger(self) -> int:
         """Recounts the ledger from disk now (and reclaims dead writers' reservations)."""
-        return self.accounting.rebuild()
+        return self.accounting.repair.rebuild()
 
     def namespace_counts(self) -> dict | None:
         """Per namespace directory, what the ledger keeps (ledger.NamespaceCount: records,
@@ -421,7 +421,7 @@ class RecordStore:
         small queue (records not used since they were written) and the main queue (used at
         least once), and the ledger's bytes; `main_bytes / ledger_bytes` is the share of the
         store that was read again. {} without a log (a read-only store)."""
-        return self.accounting.queue_state()
+        return self.accounting.order.queue_state()
 
     def check(
         self, fix: bool = False, on_record=None, dirnames=None, threads: int = 1
@@ -474,7 +474,7 @@ class RecordStore:
 
     def live_settings(self) -> list[dict]:
         """The settings of the processes alive on this root (lifetime.live_settings)."""
-        return live_settings(self.root, self.accounting.is_alive)
+        return live_settings(self.root, self.accounting.repair.is_alive)
 
     def quarantined_files(self) -> int:
         return len(self.quarantine_box.names())
