@@ -20,7 +20,7 @@ from support.store_helpers import count_directory_entries
 from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, ledger_repair
+from hicache_galahad.store import RecordStore, disk_count, ledger_repair
 from hicache_galahad.store.journal import Journal, JournalItem
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 from hicache_galahad.store.ledger_state import HEAD, MAGIC, NS_ENTRY, NS_HEAD, LedgerState
@@ -295,11 +295,11 @@ def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
     with RecordStore(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 40)
-        monkeypatch.setattr(ledger_repair, "LOGICAL_SAMPLE_RECORDS", 8)
+        monkeypatch.setattr(disk_count, "LOGICAL_SAMPLE_RECORDS", 8)
         reads = []
-        real = store.accounting.repair._logical_of
+        real = disk_count.DiskCount.logical_of
         monkeypatch.setattr(
-            store.accounting.repair, "_logical_of", lambda *args: reads.append(args) or real(*args)
+            disk_count.DiskCount, "logical_of", lambda *args: reads.append(args) or real(*args)
         )
         store.rebuild_ledger()
         assert len(reads) == 8

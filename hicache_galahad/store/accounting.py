@@ -12,41 +12,55 @@ publication is (Ledger.publish). So the ledger never needs a recount to stay tru
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
+from collections.abc import Callable
 
 from ..errors import ConfigError
-from ..telemetry.metrics import Counters, RateLimitedLog
+from .context import StoreContext
+from .disk_count import DiskCount
 from .eviction import RecentReads, SampledLru
 from .eviction_order import EvictionOrder
 from .journal import Journal, JournalItem
-from .layout import StoreLayout, accounted_bytes, is_record_name
+from .layout import accounted_bytes, is_record_name
 from .ledger import Ledger
 from .ledger_repair import LedgerRepair
 from .lifetime import retire
 from .liveness import ProcessLock
 from .quarantine import Quarantine
+from .record_stat import is_pinned, record_inode
 from .sampling import RecordSampler
 
 
 class Accounting:
     def __init__(
         self,
-        layout: StoreLayout,
+        context: StoreContext,
         *,
-        read_only: bool,
-        counters: Counters,
-        warn: RateLimitedLog,
-        recent_reads: RecentReads | None = None,
+        recent_reads: RecentReads,
+        pinned_bytes: Callable[[], int],
+        on_quarantined: Callable[[str, str], None],
     ):
+        """`pinned_bytes`: the bytes pins hold (never evictable); `on_quarantined(dirname,
+        filename)`: a record was moved to quarantine (its pin goes)."""
+        layout = context.layout
         self.layout = layout
-        self.recent_reads = recent_reads if recent_reads is not None else RecentReads()
-        self.read_only = read_only
-        self.counters = counters
-        self._warn = warn
+        self.read_only = context.read_only
+        self.counters = context.counters
+        self._warn = context.warn
+        self._pinned_bytes = pinned_bytes
         self.process = None
+        disk_count = DiskCount(context)
         try:
-            self.process = None if read_only else ProcessLock(layout.root)
-            self.ledger = Ledger(layout.ledger_path, self.process, read_only=read_only)
+            self.process = None if self.read_only else ProcessLock(layout.root)
+            self.ledger = Ledger(
+                layout.ledger_path,
+                self.process,
+                read_only=self.read_only,
+                recount=disk_count.counts,
+                inode_of=functools.partial(record_inode, layout),
+                logical_of=disk_count.logical_of,
+            )
         except OSError as error:  # e.g. a directory where the ledger is
             if self.process is not None:
                 self.process.close()
@@ -55,44 +69,29 @@ class Accounting:
                 f"ledger or process lock cannot be opened ({error}); expected a store root "
                 "whose `ledger` is a regular file"
             ) from error
-        self.sampler = RecordSampler(
-            layout, is_pinned=self.is_pinned, unreadable_dir=self.unreadable_dir
-        )
-        self.index = SampledLru(self.sampler._sample, self._evictable_bytes)
-        self.quarantine = Quarantine(layout.quarantine_dir, self.ledger, self.index, counters)
-        self.repair = LedgerRepair(
-            layout,
-            self.ledger,
-            self.process,
-            self.quarantine,
-            read_only=read_only,
-            counters=counters,
-            warn=warn,
-            unreadable_dir=self.unreadable_dir,
-        )
-        self.order = EvictionOrder(
-            layout,
+        self.sampler = RecordSampler(context)
+        self.index = SampledLru(self.sampler.sample, self._unpinned_bytes)
+        self.quarantine = Quarantine(
+            layout.quarantine_dir,
             self.ledger,
             self.index,
-            read_only=read_only,
-            token=self.token,
-            counters=counters,
-            warn=warn,
-            recent_reads=self.recent_reads,
+            context.counters,
+            layout,
+            on_moved=on_quarantined,
         )
-        self.ledger.recount = self.repair.disk_counts
-        self.ledger.inode_of = self.order._inode_of
-        self.ledger.logical_of = self.repair._logical_of
+        self.repair = LedgerRepair(context, self.ledger, self.process, self.quarantine, disk_count)
+        self.order = EvictionOrder(
+            context, self.ledger, self.index, token=self.token, recent_reads=recent_reads
+        )
 
     @property
     def token(self) -> str:
         return self.process.token if self.process is not None else "readonly"
 
-    # ------------------------------------------------------------- scans (tools, repairs)
-
-    def unreadable_dir(self, path: str, error: OSError) -> None:
-        self.counters.add("unreadable_dirs")
-        self._warn.warning("unreadable-dir", "galahad: skipping %s: %s", path, error)
+    def _unpinned_bytes(self) -> int:
+        """What eviction could free at most (SampledLru.total_bytes): the evictable bytes
+        less those pins hold."""
+        return self._evictable_bytes() - self._pinned_bytes()
 
     def _evictable_bytes(self) -> int:
         """The most eviction could free: the ledger's committed bytes, but never more than
@@ -106,9 +105,6 @@ class Accounting:
         except OSError:
             return committed
         return min(committed, used)
-
-    def is_pinned(self, dirname: str, filename: str, info: os.stat_result) -> bool:
-        return self.order.is_pinned(dirname, filename, info)
 
     # ------------------------------------------------------------- deletions
 
@@ -135,7 +131,9 @@ class Accounting:
                 and (info.st_ino != expected[0] or info.st_mtime_ns > expected[1])
             ):
                 return None  # replaced, or used since it was sampled: it stays
-            if (expected is not None or keep_pinned) and self.is_pinned(dirname, filename, info):
+            if (expected is not None or keep_pinned) and is_pinned(
+                self.layout.root, dirname, filename, info
+            ):
                 return None  # pinned since it was sampled (store/pins/): it stays
             size = accounted_bytes(info)
             journal(Journal.DELETE, dirname, [JournalItem(filename, info.st_ino, size)])

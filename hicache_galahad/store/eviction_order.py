@@ -14,14 +14,15 @@ import itertools
 import os
 import time
 
-from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
+from ..telemetry.metrics import count_bug
+from .context import StoreContext
 from .eviction import RecentReads, SampledLru
 from .fifo import MAIN, S_SHARE, SMALL, SharedFifo, SiblingGroups
 from .journal import Journal, JournalItem
-from .layout import StoreLayout, accounted_bytes
+from .layout import accounted_bytes
 from .ledger import Ledger
-from .pins.tree import PINS_DIR, RECORDS_DIR
 from .reaper import Reaper
+from .record_stat import is_pinned, record_inode, stat_record
 
 PLAN_MAX_ENTRIES = 4096  # entries one locked section of eviction looks at, at most
 REAP_WAIT_S = 5.0  # a put waits at most this long for evicted files to be unlinked
@@ -31,24 +32,21 @@ UNLINK_BATCH = 64  # deletions journaled together (the ledger's journal holds ab
 class EvictionOrder:
     def __init__(
         self,
-        layout: StoreLayout,
+        context: StoreContext,
         ledger: Ledger,
         index: SampledLru,
         *,
-        read_only: bool,
         token: str,
-        counters: Counters,
-        warn: RateLimitedLog,
         recent_reads: RecentReads,
     ):
-        self.layout = layout
+        self.layout = context.layout
+        self.counters = context.counters
+        self._warn = context.warn
         self.ledger = ledger
         self.index = index
         self.token = token
-        self.counters = counters
-        self._warn = warn
         self.recent_reads = recent_reads
-        self.fifo = None if read_only else self._open_fifo()
+        self.fifo = None if context.read_only else self._open_fifo()
         self.siblings = SiblingGroups(self._describe)
         self.reaper = Reaper(self.layout.namespace_fd, self._hold_ended)
         self._committed_read = (-1e9, 0)
@@ -79,26 +77,10 @@ class EvictionOrder:
         return None if namespace is None else namespace.describe()
 
     def is_pinned(self, dirname: str, filename: str, info: os.stat_result) -> bool:
-        """Whether pins/ pins this record file: its link under pins/records (one stat, only
-        for a file with a second link). A link made elsewhere (a `cp -al` backup, a
-        writer's temp name) is no pin."""
-        if info.st_nlink < 2:
-            return False
-        path = os.path.join(self.layout.root, PINS_DIR, RECORDS_DIR, dirname, filename)
-        try:
-            pin = os.stat(path, follow_symlinks=False)
-        except OSError:
-            return False
-        return pin.st_ino == info.st_ino and pin.st_dev == info.st_dev
+        return is_pinned(self.layout.root, dirname, filename, info)
 
     def _stat_record(self, dirname: str, filename: str) -> os.stat_result | None:
-        try:
-            info = os.stat(
-                filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
-            )
-        except OSError:
-            return None
-        return info if accounted_bytes(info) or info.st_size == 0 else None
+        return stat_record(self.layout, dirname, filename)
 
     def enqueue(self, dirname: str, items: list, kept_bytes: int) -> None:
         """budget.Evictor.enqueue: a published batch enters S (M for a key the ghost holds),
@@ -311,16 +293,4 @@ class EvictionOrder:
             self._unsettled_hold = freed_bytes
 
     def _inode_of(self, dirname: str | None, filename: str) -> int | None:
-        """The inode at a record's name (dirname None: a quarantined file), or None."""
-        try:
-            if dirname is None:
-                info = os.stat(
-                    os.path.join(self.layout.quarantine_dir, filename), follow_symlinks=False
-                )
-            else:
-                info = os.stat(
-                    filename, dir_fd=self.layout.namespace_fd(dirname), follow_symlinks=False
-                )
-        except OSError:
-            return None
-        return info.st_ino if accounted_bytes(info) or info.st_size == 0 else None
+        return record_inode(self.layout, dirname, filename)

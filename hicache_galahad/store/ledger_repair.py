@@ -13,51 +13,36 @@ import contextlib
 import os
 import threading
 import time
-from collections.abc import Callable
 
-from ..record import format as fmt
-from ..telemetry.metrics import Counters, RateLimitedLog
-from .layout import (
-    PROCS_DIR,
-    QUARANTINE_DIRNAME,
-    StoreLayout,
-    is_namespace_dirname,
-    temp_is_stale,
-)
+from .context import StoreContext
+from .disk_count import DiskCount
+from .layout import PROCS_DIR, temp_is_stale
 from .ledger import Ledger
-from .ledger_state import NamespaceCount
 from .liveness import ProcessLock, token_alive
 from .quarantine import Quarantine
 
 LEDGER_REBUILD_INTERVAL_S = 10.0
 RECLAIM_INTERVAL_S = 1.0
-LOGICAL_SAMPLE_RECORDS = 1024  # headers a recount reads per namespace (the rest: their ratio)
 
 
 class LedgerRepair:
     def __init__(
         self,
-        layout: StoreLayout,
+        context: StoreContext,
         ledger: Ledger,
         process: ProcessLock | None,
         quarantine: Quarantine,
-        *,
-        read_only: bool,
-        counters: Counters,
-        warn: RateLimitedLog,
-        unreadable_dir: Callable[[str, OSError], None],
+        disk_count: DiskCount,
     ):
-        self.layout = layout
+        self.layout = context.layout
+        self.read_only = context.read_only
+        self.counters = context.counters
+        self._warn = context.warn
+        self.unreadable_dir = context.unreadable_dir
         self.ledger = ledger
         self.process = process
         self.quarantine = quarantine
-        self.read_only = read_only
-        self.counters = counters
-        self._warn = warn
-        self.unreadable_dir = unreadable_dir
-        # The oldest record of each namespace as the last recount of this process found it
-        # (the ledger cannot keep it under eviction); `galahad stats --recount` shows it.
-        self.recounted_oldest_ns: dict[str, int] = {}
+        self.disk_count = disk_count
         self._last_rebuild_s = -1e9
         self._last_reclaim_s = -1e9
         self._rebuild_lock = threading.Lock()
@@ -69,76 +54,6 @@ class LedgerRepair:
         walk of every record: tools and repairs only)."""
         records = sum(e.accounted_bytes for e in self.layout.records(on_error=self.unreadable_dir))
         return records + self.quarantine.total_bytes()
-
-    def disk_counts(self) -> tuple[int, dict[str, NamespaceCount] | None]:
-        """disk_bytes, and the namespace counts the ledger keeps (records, bytes, logical
-        bytes, newest and oldest modification): a walk of every record, a stat each (it runs
-        under the ledger's lock). Logical bytes are read from the headers of the first
-        LOGICAL_SAMPLE_RECORDS records of each namespace (hashed names: an unbiased sample),
-        the rest taken at the sample's ratio, so a recount reads a bounded number of headers
-        (at 10^7 cold records, reading every one would add minutes of the lock). The counts
-        are None when a directory could not be read or records lie in a directory that is no
-        namespace's."""
-        counts: dict[str, NamespaceCount] = {}
-        oldest: dict[str, int] = {}
-        sampled: dict[str, list[int]] = {}  # dirname: [disk bytes, logical bytes] read
-        complete = True
-
-        def unreadable(path, error):
-            nonlocal complete
-            complete = False
-            self.unreadable_dir(path, error)
-
-        total = 0
-        for dirname in self.layout.namespace_dirnames(unreadable):
-            for entry in self.layout.records([dirname], unreadable):
-                total += entry.accounted_bytes
-                if not entry.accounted_bytes:
-                    continue  # no regular file, or an empty one: no record to count
-                if not is_namespace_dirname(dirname) or dirname == QUARANTINE_DIRNAME:
-                    complete = False
-                    continue
-                count = counts.get(dirname)
-                if count is None:
-                    count = counts[dirname] = NamespaceCount()
-                count.records += 1
-                count.disk_bytes += entry.accounted_bytes
-                if count.records <= LOGICAL_SAMPLE_RECORDS:
-                    sample = sampled.setdefault(dirname, [0, 0])
-                    sample[0] += entry.accounted_bytes
-                    sample[1] += self._logical_of(dirname, entry.name)
-                count.newest_ns = max(count.newest_ns, entry.mtime_ns)
-                oldest[dirname] = min(oldest.get(dirname, entry.mtime_ns), entry.mtime_ns)
-        for dirname, (sample_disk, sample_logical) in sampled.items():
-            count = counts[dirname]
-            rest = count.disk_bytes - sample_disk
-            count.logical_bytes = sample_logical + (
-                rest * sample_logical // sample_disk if sample_disk else 0
-            )
-        quarantined = self.layout.quarantined()
-        quarantine_bytes = sum(entry.accounted_bytes for entry in quarantined)
-        total += quarantine_bytes
-        if quarantined:
-            counts[QUARANTINE_DIRNAME] = NamespaceCount(len(quarantined), quarantine_bytes)
-        self.recounted_oldest_ns = oldest
-        return total, (counts if complete else None)
-
-    def _logical_of(self, dirname: str, filename: str) -> int:
-        """The page bytes a record's header declares (0 when it has no readable header)."""
-        try:
-            fd = os.open(
-                filename,
-                os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC,
-                dir_fd=self.layout.namespace_fd(dirname),
-            )
-        except OSError:
-            return 0
-        try:
-            return fmt.declared_raw_len(os.pread(fd, fmt.FIXED_HEADER_BYTES, 0))
-        except OSError:
-            return 0
-        finally:
-            os.close(fd)
 
     def open_scan(self) -> None:
         """What opening a store does: nothing proportional to its records. Takes back the
@@ -205,7 +120,7 @@ class LedgerRepair:
             return self.ledger.read()
         with self._rebuild_lock:
             self.remove_stale_temps()
-            total = self.ledger.rebuild(self.disk_counts)
+            total = self.ledger.rebuild(self.disk_count.counts)
             self._last_rebuild_s = time.monotonic()
         self.counters.add("ledger_rebuilds")
         return total

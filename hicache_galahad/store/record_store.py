@@ -27,6 +27,7 @@ from ..telemetry.metrics import Counters, RateLimitedLog, count_bug, failed
 from .accounting import Accounting
 from .budget import Budget
 from .checker import Checker, CheckReport
+from .context import StoreContext
 from .eviction import RecentReads
 from .flusher import Flusher
 from .kvstore import StoreStats
@@ -61,6 +62,7 @@ class RecordStore:
         self._warn = RateLimitedLog(log)
         self.layout = StoreLayout(self.root)
         self.layout.prepare(read_only=self.read_only, min_free_bytes=options.min_free_bytes)
+        self.context = StoreContext(self.layout, self.counters, self._warn, options)
         master_key = (
             load_master_key(options.encryption_key_file) if options.encryption_key_file else None
         )
@@ -73,15 +75,14 @@ class RecordStore:
         )
         recent_reads = RecentReads()  # every read, for the shared eviction order
         self.accounting = Accounting(
-            self.layout,
-            read_only=self.read_only,
-            counters=self.counters,
-            warn=self._warn,
+            self.context,
             recent_reads=recent_reads,
+            pinned_bytes=lambda: self.pins.total_bytes(),  # (the pins come next)
+            # A read that quarantines a pinned record never waits for the pins lock.
+            on_quarantined=lambda d, f: self._drop_pin(d, f, wait=False),
         )
         self.index = self.accounting.index
         self.quarantine_box = self.accounting.quarantine
-        self.quarantine_box.layout = self.layout  # moves start from the held descriptors
         self.pins = Pins(  # store/pins/: records eviction keeps
             self.layout,
             self.accounting.ledger,
@@ -92,9 +93,6 @@ class RecordStore:
             counters=self.counters,
             live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
         )
-        self.index.pinned_bytes = self.pins.total_bytes
-        # A read that quarantines a pinned record never waits for the pins lock.
-        self.quarantine_box.on_moved = lambda d, f: self._drop_pin(d, f, wait=False)
         self.budget = Budget(
             self.accounting.ledger,
             self.index,
@@ -382,7 +380,7 @@ class RecordStore:
     def clear_namespace(self, namespace: Namespace) -> int:
         """Deletes every record of one namespace (never a temp file); returns how many."""
         removed = 0
-        for entry in self.layout.records([namespace.dirname], self.accounting.unreadable_dir):
+        for entry in self.layout.records([namespace.dirname], self.context.unreadable_dir):
             removed += self.accounting.unlink_record(namespace.dirname, entry.name) is not None
         self._drop_pin(namespace.dirname, None)  # the namespace's pins went with its records
         return removed

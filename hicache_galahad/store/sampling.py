@@ -12,9 +12,10 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
 
-from .layout import StoreLayout, accounted_bytes, is_record_name
+from .context import StoreContext
+from .layout import accounted_bytes, is_record_name
+from .record_stat import is_pinned
 
 NAMESPACES_RECHECK_S = 5.0
 CURSOR_MAX_AGE_S = 60.0
@@ -38,16 +39,9 @@ class _Cursor:
 
 
 class RecordSampler:
-    def __init__(
-        self,
-        layout: StoreLayout,
-        *,
-        is_pinned: Callable[[str, str, os.stat_result], bool],
-        unreadable_dir: Callable[[str, OSError], None],
-    ):
-        self.layout = layout
-        self.is_pinned = is_pinned
-        self.unreadable_dir = unreadable_dir
+    def __init__(self, context: StoreContext):
+        self.layout = context.layout
+        self.unreadable_dir = context.unreadable_dir
         self._sample_lock = threading.Lock()
         self._cursors: dict[str, _Cursor] = {}
         self._namespaces: tuple[float, list[str]] = (-1e9, [])
@@ -94,7 +88,7 @@ class RecordSampler:
             cursor.close()  # fewer entries than that: from the start instead
         return None
 
-    def _sample(self, want: int) -> list:
+    def sample(self, want: int) -> list:
         """Up to `want` records (location, size, mtime_ns, inode), a few from each of
         randomly chosen namespace directories, each walked on from where this process last
         left it: work proportional to `want`, never to the records."""
@@ -120,8 +114,8 @@ class RecordSampler:
                             size = accounted_bytes(info)
                             # pinned (store/pins/), never a candidate; another
                             # link (a `cp -al` backup) is no pin
-                            if (size or info.st_size == 0) and not self.is_pinned(
-                                dirname, entry.name, info
+                            if (size or info.st_size == 0) and not is_pinned(
+                                self.layout.root, dirname, entry.name, info
                             ):
                                 found.append(
                                     ((dirname, entry.name), size, info.st_mtime_ns, info.st_ino)
