@@ -21,6 +21,7 @@ from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore, disk_count, ledger_repair
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.journal import Journal, JournalItem
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 from hicache_galahad.store.ledger_state import HEAD, MAGIC, NS_ENTRY, NS_HEAD, LedgerState
@@ -156,16 +157,16 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
         fill(store, ALICE, 2, start=50)  # updates keep the counts unknown, never wrong
         assert store.accounting.ledger.namespace_counts() is None
         assert Path(root, "ledger").read_bytes()[-NS_HEAD.size :] == NS_HEAD.pack(b"GNS1", 0, 0)
-        report = ops.stats_report(store)
+        report = ops.stats_report(StoreAdmin(store))
         assert report["counts"] == "walk" and report["records"] == 8  # falls back, says so
     assert cli.main(["stats", "--root", root]) == 0
     assert "--recount" in capsys.readouterr().out
     assert cli.main(["stats", "--root", root, "--recount", "--json"]) == 0
     capsys.readouterr()
     with RecordStore(root, read_only=True) as store:
-        assert kept_counts(store) == disk_counts(root) and ops.stats_report(store)["counts"] == (
-            "ledger"
-        )
+        assert kept_counts(store) == disk_counts(root) and ops.stats_report(StoreAdmin(store))[
+            "counts"
+        ] == ("ledger")
 
 
 @pytest.mark.parametrize(
@@ -184,7 +185,7 @@ def test_a_damaged_count_table_is_a_damaged_ledger_recounted(tmp_path, tail):
         store.register_namespace(ALICE)
         fill(store, ALICE, 3)
         Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
-        assert store.usage_bytes() == store.checker.disk_bytes()  # recounted from disk
+        assert store.usage_bytes() == store.parts.checker.disk_bytes()  # recounted from disk
         assert kept_counts(store) == disk_counts(root)
 
 
@@ -228,7 +229,7 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
         monkeypatch.setattr(store.accounting.repair, "_last_rebuild_s", -1e18)
         assert store.put(ALICE, key(999), b"x" * PAGE)  # recounted: the truth, and room
         assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 21
-        assert store.usage_bytes() == store.checker.disk_bytes()
+        assert store.usage_bytes() == store.parts.checker.disk_bytes()
 
 
 # ----------------------------------------------------------------------------- no walk
@@ -254,17 +255,19 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
     assert counter[0] < 50, counter  # the namespaces, stats/ and procs/: never a record's
     counter[0] = 0
     with RecordStore(root, read_only=True) as store:
-        assert ops.bytes_to_verify(store) == report["disk_bytes"]  # verify's progress bar
+        assert (
+            ops.bytes_to_verify(StoreAdmin(store)) == report["disk_bytes"]
+        )  # verify's progress bar
         assert counter[0] < 50, counter  # sized from the ledger: no walk before the walk
         counter[0] = 0
-        check = store.check(threads=2)
+        check = StoreAdmin(store).check(threads=2)
         # verify lists each directory once (it listed it three times: temp files, records,
         # then every record again for the bytes on disk)
         assert records <= counter[0] < records * 1.1 + 50, counter
         assert check.scanned_records == records and check.ledger_drift_bytes == 0
         assert check.records_per_s > 0 and check.mb_per_s > 0
         counter[0] = 0
-        exact = ops.stats_report(store, exact=True)
+        exact = ops.stats_report(StoreAdmin(store), exact=True)
     assert counter[0] >= records  # (the counter does see a walk)
     assert exact["records"] == records and exact["disk_bytes"] == report["disk_bytes"]
     assert exact["logical_bytes"] == report["logical_bytes"] == records * 64
@@ -301,7 +304,7 @@ def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
         monkeypatch.setattr(
             disk_count.DiskCount, "logical_of", lambda *args: reads.append(args) or real(*args)
         )
-        store.rebuild_ledger()
+        StoreAdmin(store).rebuild_ledger()
         assert len(reads) == 8
         assert kept_counts(store) == disk_counts(root)
         count = store.accounting.ledger.namespace_counts()[ALICE.dirname]

@@ -13,6 +13,7 @@ from support.store_helpers import NS_A, checked_get, children, content, read_lin
 
 from hicache_galahad.record import format as fmt
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 
 
 def record_bytes(key: str, raw: int) -> int:
@@ -54,7 +55,7 @@ def test_disk_never_exceeds_max_bytes(tmp_path):
         assert survivors and len(survivors) < len(written)
         for key in survivors:
             assert checked_get(store, NS_A, key, written[key])
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
 
 
 def test_least_recently_used_are_evicted_first(tmp_path):
@@ -77,7 +78,7 @@ def test_least_recently_used_are_evicted_first(tmp_path):
         # The five least recently used (old[3..7]) went; the touched ones stayed.
         assert present(store, old) == set(old[:3]) | set(old[8:])
         assert present(store, new) == set(new)
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
 
 
 def test_recency_survives_a_restart(tmp_path):
@@ -137,7 +138,7 @@ def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
     floor = 150_000
     with RecordStore(root, min_free_bytes=floor, durability="none") as store:
         store.register_namespace(NS_A)
-        monkeypatch.setattr(store, "_free_bytes", lambda: capacity - store_disk_bytes(root))
+        monkeypatch.setattr(store.parts, "_free_bytes", lambda: capacity - store_disk_bytes(root))
         keys = [f"floor-{i:03d}" for i in range(30)]
         for key in keys:
             assert store.put(NS_A, key, content(key, raw))
@@ -150,7 +151,7 @@ def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
             assert checked_get(store, NS_A, key, content(key, raw))
 
         # Someone else fills the disk: below the floor whatever the store frees.
-        monkeypatch.setattr(store, "_free_bytes", lambda: floor - 1)
+        monkeypatch.setattr(store.parts, "_free_bytes", lambda: floor - 1)
         before = store.counters.snapshot()
         assert store.put(NS_A, "late", content("late", raw)) is False
         after = store.counters.snapshot()
@@ -160,7 +161,7 @@ def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
         assert temp_files(root) == []
         assert store.usage_bytes() == store_disk_bytes(root)
         monkeypatch.undo()
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
 
 
 def test_budget_shared_by_two_processes(tmp_path):
@@ -211,7 +212,7 @@ def test_budget_shared_by_two_processes(tmp_path):
         # Both processes' records are among the survivors, and they are intact.
         names = [os.path.basename(path) for path in record_files(root)]
         assert len(names) <= 30
-        report = store.check()
+        report = StoreAdmin(store).check()
         assert report.clean, report.as_dict()
         assert report.record_bytes <= max_bytes
         survivors = 0
@@ -271,7 +272,7 @@ def test_check_fix_during_a_write_keeps_the_budget(tmp_path, monkeypatch):
         )
         writer.start()
         assert inside.wait(30)
-        store.check(fix=True)
+        StoreAdmin(store).check(fix=True)
         release.set()
         writer.join(30)
         monkeypatch.undo()
@@ -325,4 +326,4 @@ def test_records_removed_behind_the_stores_back_do_not_block_puts(tmp_path):
         assert store.put(NS_A, "k9", bytes(4096))
         assert store.get(NS_A, "k9", 4096) == bytes(4096)
         assert store.usage_bytes() == store_disk_bytes(root) == page_bytes
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
