@@ -47,7 +47,6 @@ class Accounting:
         self.layout = layout
         self.read_only = context.read_only
         self.counters = context.counters
-        self._warn = context.warn
         self._pinned_bytes = pinned_bytes
         self.process = None
         disk_count = DiskCount(context)
@@ -212,11 +211,9 @@ class Accounting:
 
     def close(self) -> None:
         self.repair.close()
-        self.order.reaper.close()
+        self.order.close()  # (its reaper's last unlinks settle in the ledger first)
         self.sampler.close()
         self.ledger.close()
-        if self.order.fifo is not None:
-            self.order.fifo.close()
         if self.process is not None:
             with contextlib.suppress(OSError):  # this process's counters: no live server's now
                 retire(self.layout.root, self.process.token)

@@ -190,7 +190,7 @@ class EvictionOrder:
         return evicted, freed
 
     def queue_state(self) -> dict:
-        """RecordStore.eviction_queues: what the log's state says now (read under the
+        """StoreAdmin.eviction_queues: what the log's state says now (read under the
         ledger's lock, as every use of the log)."""
         fifo = self.fifo
         if fifo is None:
@@ -294,3 +294,9 @@ class EvictionOrder:
 
     def _inode_of(self, dirname: str | None, filename: str) -> int | None:
         return record_inode(self.layout, dirname, filename)
+
+    def close(self) -> None:
+        """Ends the reaper (its pending unlinks done, their holds settled) and the log."""
+        self.reaper.close()
+        if self.fifo is not None:
+            self.fifo.close()
