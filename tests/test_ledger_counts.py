@@ -68,44 +68,46 @@ def fill(store, namespace, count, start=0, size=PAGE):
 # ----------------------------------------------------------------------------- kept true
 
 
-def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path):
+def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path, store_factory):
     root = str(tmp_path / "store")
     record = PAGE + 112 + 64
-    with RecordStore(root, durability="none", max_bytes=30 * record) as store:
-        for namespace in (ALICE, BOB):
-            store.register_namespace(namespace)
-        fill(store, ALICE, 20)
-        fill(store, BOB, 5)
-        counts = store.accounting.ledger.namespace_counts()
-        assert counts[ALICE.dirname].records == 20 and counts[BOB.dirname].records == 5
-        assert counts[ALICE.dirname].logical_bytes == 20 * PAGE  # exact: from each header
-        assert kept_counts(store) == disk_counts(root)
-        fill(store, ALICE, 10, start=100)  # into a full budget: every put evicts
-        assert store.stats().counter("evictions") >= 5
-        assert store.delete(ALICE, key(100))
-        store.quarantine(BOB, key(1))  # a move: the counts follow it into the quarantine
-        assert kept_counts(store) == disk_counts(root)
-        assert kept_counts(store)[QUARANTINE_DIRNAME] == (1, record)
-        store.quarantine_box.trim(keep_files=0)
-        assert kept_counts(store) == disk_counts(root)
-        assert QUARANTINE_DIRNAME not in kept_counts(store)
-        assert sum(b for _, b in kept_counts(store).values()) == store.accounting.ledger.committed()
-        logical = store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes
-        records = kept_counts(store)[ALICE.dirname][0]
-        assert logical == records * PAGE  # the mean share taken by each deletion: exact here
+    store = store_factory(root, durability="none", max_bytes=30 * record)
+    for namespace in (ALICE, BOB):
+        store.register_namespace(namespace)
+    fill(store, ALICE, 20)
+    fill(store, BOB, 5)
+    counts = store.accounting.ledger.namespace_counts()
+    assert counts[ALICE.dirname].records == 20 and counts[BOB.dirname].records == 5
+    assert counts[ALICE.dirname].logical_bytes == 20 * PAGE  # exact: from each header
+    assert kept_counts(store) == disk_counts(root)
+    fill(store, ALICE, 10, start=100)  # into a full budget: every put evicts
+    assert store.stats().counter("evictions") >= 5
+    assert store.delete(ALICE, key(100))
+    store.quarantine(BOB, key(1))  # a move: the counts follow it into the quarantine
+    assert kept_counts(store) == disk_counts(root)
+    assert kept_counts(store)[QUARANTINE_DIRNAME] == (1, record)
+    store.quarantine_box.trim(keep_files=0)
+    assert kept_counts(store) == disk_counts(root)
+    assert QUARANTINE_DIRNAME not in kept_counts(store)
+    assert sum(b for _, b in kept_counts(store).values()) == store.accounting.ledger.committed()
+    logical = store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes
+    records = kept_counts(store)[ALICE.dirname][0]
+    assert logical == records * PAGE  # the mean share taken by each deletion: exact here
 
 
-def test_a_put_counts_its_logical_bytes_without_reading_a_header(tmp_path, monkeypatch):
+def test_a_put_counts_its_logical_bytes_without_reading_a_header(
+    tmp_path, monkeypatch, store_factory
+):
     """The writer hands the ledger each record's page bytes (JournalItem.logical_bytes), so
     no header is read back: exact and free."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
-        store.register_namespace(ALICE)
-        reads = []
-        monkeypatch.setattr(store.accounting.ledger, "_logical_of", lambda *a: reads.append(a))
-        fill(store, ALICE, 24)
-        assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 24 * PAGE
-        assert reads == []
+    store = store_factory(root, durability="none")
+    store.register_namespace(ALICE)
+    reads = []
+    monkeypatch.setattr(store.accounting.ledger, "_logical_of", lambda *a: reads.append(a))
+    fill(store, ALICE, 24)
+    assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 24 * PAGE
+    assert reads == []
 
 
 def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tmp_path):
@@ -291,24 +293,24 @@ def test_format_doc_names_the_ledger_as_the_code_writes_it():
     assert all(f"`{kind}`" in section for kind in "PDQM")
 
 
-def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
+def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch, store_factory):
     """A recount runs under the ledger's lock: a stat per record, but the headers of at most
     LOGICAL_SAMPLE_RECORDS per namespace (logical bytes of the rest at the sample's ratio)."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
-        store.register_namespace(ALICE)
-        fill(store, ALICE, 40)
-        monkeypatch.setattr(disk_count, "LOGICAL_SAMPLE_RECORDS", 8)
-        reads = []
-        real = disk_count.DiskCount.logical_of
-        monkeypatch.setattr(
-            disk_count.DiskCount, "logical_of", lambda *args: reads.append(args) or real(*args)
-        )
-        StoreAdmin(store).rebuild_ledger()
-        assert len(reads) == 8
-        assert kept_counts(store) == disk_counts(root)
-        count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
-        assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
+    store = store_factory(root, durability="none")
+    store.register_namespace(ALICE)
+    fill(store, ALICE, 40)
+    monkeypatch.setattr(disk_count, "LOGICAL_SAMPLE_RECORDS", 8)
+    reads = []
+    real = disk_count.DiskCount.logical_of
+    monkeypatch.setattr(
+        disk_count.DiskCount, "logical_of", lambda *args: reads.append(args) or real(*args)
+    )
+    StoreAdmin(store).rebuild_ledger()
+    assert len(reads) == 8
+    assert kept_counts(store) == disk_counts(root)
+    count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
+    assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
 
 
 def test_the_table_is_changed_in_place_and_bounded():
