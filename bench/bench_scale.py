@@ -363,7 +363,7 @@ def worker_ledger(job):
     """The ledger against the bytes on disk, writers stopped (read-only check of counts)."""
     store = _store(job["root"], read_only=True)
     ledger = store.accounting.ledger.committed()
-    disk = store.accounting.disk_bytes()
+    disk = store.accounting.repair.disk_bytes()
     store.close()
     return {"ledger": ledger, "disk": disk, "drift": ledger - disk}
 

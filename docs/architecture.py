@@ -449,10 +449,10 @@ def data_path(canvas: Canvas, y: float, checked: set[str]) -> float:
     )
     store_bottom = (
         Stack(c, "store", LEFT, SPLIT - 12, y)
-        .title("RecordStore", "store/record_store.py · its public verbs; its parts:")
+        .title("RecordStore", "record_store.py · data path (admin.py: operator); parts:")
         .chips(
             ["reader.py", "writer.py", "budget.py", "quarantine.py", "checker.py", "flusher.py"]
-            + ["ledger.py", "layout.py", "codec.py", "eviction.py", "lifetime.py"],
+            + ["ledger.py", "layout.py", "codec.py", "eviction_order.py", "lifetime.py"],
             checked,
         )
         .check("reader.py: V0-V16 on every read (rules in format.py)")

@@ -292,12 +292,6 @@ def test_every_module_has_a_docstring():
     assert not missing, f"modules without a docstring: {missing}"
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="issue 29: store/accounting.py (783 lines, class Accounting 709) and "
-    "store/record_store.py (580, class RecordStore 530) are being split; remove this mark "
-    "once the splits land",
-)
 def test_no_module_or_class_is_too_long():
     """No module of hicache_galahad/ or checkpoint/ over MAX_MODULE_LINES lines (generated
     data aside), and no class, nested ones included, over MAX_CLASS_LINES."""

@@ -13,6 +13,7 @@ from support.store_helpers import NS_A, count_directory_entries
 from hicache_galahad.ops import reports
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.eviction import SampledLru
 from hicache_galahad.store.layout import record_filename
 
@@ -120,7 +121,7 @@ def test_pages_read_again_outlive_pages_never_read(tmp_path):
             keys = document_keys(document, 16)
             assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 16))
         assert store.leading_run(namespace, hot) == 16
-        queues = store.eviction_queues()
+        queues = StoreAdmin(store).eviction_queues()
         assert queues["main_bytes"] >= 16 * PAGE and queues["small_bytes"] > 0
         assert queues["ledger_bytes"] <= 64 * size
 
@@ -161,7 +162,8 @@ def test_a_purge_by_age_keeps_a_record_pinned_after_its_scan(tmp_path, monkeypat
         namespace = store.register_namespace(NS_A)
         keys = [f"k{index}" for index in range(6)]
         assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 6))
-        scan = store.record_files
+        admin = StoreAdmin(store)
+        scan = admin.record_files
 
         def scan_then_pin(dirnames=None, on_error=None):
             entries = list(scan(dirnames, on_error))  # every link count is 1 here
@@ -169,8 +171,8 @@ def test_a_purge_by_age_keeps_a_record_pinned_after_its_scan(tmp_path, monkeypat
             assert result.pinned_records == 3
             return entries
 
-        monkeypatch.setattr(store, "record_files", scan_then_pin)
-        report = reports.purge(store, older_than_s=-10)
+        monkeypatch.setattr(admin, "record_files", scan_then_pin)
+        report = reports.purge(admin, older_than_s=-10)
         assert report.removed_records == 3
         assert [store.contains(namespace, key) for key in keys] == [True] * 3 + [False] * 3
         assert store.pinned_bytes_by_tenant()[NS_A.tenant] > 0
@@ -215,7 +217,7 @@ def test_records_with_a_backup_link_stay_evictable_without_recounts(tmp_path):
         assert counters.get("ledger_rebuilds", 0) == 0
         assert counters["evictions"] >= 32
         assert not any(store.contains(namespace, key) for key in old)  # the oldest went first
-        assert store.accounting.reaper.wait_idle(10)
+        assert store.accounting.order.reaper.wait_idle(10)
         assert store.usage_bytes() <= 32 * size
     assert len(os.listdir(backup)) == 32  # the backup's own links are untouched
 

@@ -9,6 +9,7 @@ import inspect
 import pytest
 
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.kvstore import KVStore
 from hicache_galahad.tier.tiered import TieredStore
 
@@ -127,7 +128,7 @@ def test_the_publish_hook_gets_the_files_bytes_of_what_the_put_published_only(
         assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
         assert [key for key, _ in published] == ["k1", "k2"]
         for key, record in published:
-            with open(store.record_file_path(namespace.dirname, key), "rb") as file:
+            with open(StoreAdmin(store).record_file_path(namespace.dirname, key), "rb") as file:
                 assert file.read() == record
         assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
         assert len(published) == 2  # all there: nothing published, nothing handed over
@@ -179,7 +180,7 @@ def test_a_value_in_memory_is_judged_by_the_stores_rules_and_its_one_rule_of_kee
     def stored_value(store, key: str) -> bytes:
         store.register_namespace(namespace)
         assert store.put(namespace, key, page)
-        with open(store.record_file_path(namespace.dirname, key), "rb") as file:
+        with open(StoreAdmin(store).record_file_path(namespace.dirname, key), "rb") as file:
             return file.read()
 
     def failure(store, key: str, value, size: int = len(page)) -> fmt.FormatError:

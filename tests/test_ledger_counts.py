@@ -20,7 +20,8 @@ from support.store_helpers import count_directory_entries
 from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, accounting
+from hicache_galahad.store import RecordStore, disk_count, ledger_repair
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.journal import Journal, JournalItem
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 from hicache_galahad.store.ledger_state import HEAD, MAGIC, NS_ENTRY, NS_HEAD, LedgerState
@@ -67,44 +68,46 @@ def fill(store, namespace, count, start=0, size=PAGE):
 # ----------------------------------------------------------------------------- kept true
 
 
-def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path):
+def test_counts_follow_puts_deletions_eviction_quarantine_and_trims(tmp_path, store_factory):
     root = str(tmp_path / "store")
     record = PAGE + 112 + 64
-    with RecordStore(root, durability="none", max_bytes=30 * record) as store:
-        for namespace in (ALICE, BOB):
-            store.register_namespace(namespace)
-        fill(store, ALICE, 20)
-        fill(store, BOB, 5)
-        counts = store.accounting.ledger.namespace_counts()
-        assert counts[ALICE.dirname].records == 20 and counts[BOB.dirname].records == 5
-        assert counts[ALICE.dirname].logical_bytes == 20 * PAGE  # exact: from each header
-        assert kept_counts(store) == disk_counts(root)
-        fill(store, ALICE, 10, start=100)  # into a full budget: every put evicts
-        assert store.stats().counter("evictions") >= 5
-        assert store.delete(ALICE, key(100))
-        store.quarantine(BOB, key(1))  # a move: the counts follow it into the quarantine
-        assert kept_counts(store) == disk_counts(root)
-        assert kept_counts(store)[QUARANTINE_DIRNAME] == (1, record)
-        store.quarantine_box.trim(keep_files=0)
-        assert kept_counts(store) == disk_counts(root)
-        assert QUARANTINE_DIRNAME not in kept_counts(store)
-        assert sum(b for _, b in kept_counts(store).values()) == store.accounting.ledger.committed()
-        logical = store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes
-        records = kept_counts(store)[ALICE.dirname][0]
-        assert logical == records * PAGE  # the mean share taken by each deletion: exact here
+    store = store_factory(root, durability="none", max_bytes=30 * record)
+    for namespace in (ALICE, BOB):
+        store.register_namespace(namespace)
+    fill(store, ALICE, 20)
+    fill(store, BOB, 5)
+    counts = store.accounting.ledger.namespace_counts()
+    assert counts[ALICE.dirname].records == 20 and counts[BOB.dirname].records == 5
+    assert counts[ALICE.dirname].logical_bytes == 20 * PAGE  # exact: from each header
+    assert kept_counts(store) == disk_counts(root)
+    fill(store, ALICE, 10, start=100)  # into a full budget: every put evicts
+    assert store.stats().counter("evictions") >= 5
+    assert store.delete(ALICE, key(100))
+    store.quarantine(BOB, key(1))  # a move: the counts follow it into the quarantine
+    assert kept_counts(store) == disk_counts(root)
+    assert kept_counts(store)[QUARANTINE_DIRNAME] == (1, record)
+    store.quarantine_box.trim(keep_files=0)
+    assert kept_counts(store) == disk_counts(root)
+    assert QUARANTINE_DIRNAME not in kept_counts(store)
+    assert sum(b for _, b in kept_counts(store).values()) == store.accounting.ledger.committed()
+    logical = store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes
+    records = kept_counts(store)[ALICE.dirname][0]
+    assert logical == records * PAGE  # the mean share taken by each deletion: exact here
 
 
-def test_a_put_counts_its_logical_bytes_without_reading_a_header(tmp_path, monkeypatch):
+def test_a_put_counts_its_logical_bytes_without_reading_a_header(
+    tmp_path, monkeypatch, store_factory
+):
     """The writer hands the ledger each record's page bytes (JournalItem.logical_bytes), so
     no header is read back: exact and free."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
-        store.register_namespace(ALICE)
-        reads = []
-        monkeypatch.setattr(store.accounting.ledger, "_logical_of", lambda *a: reads.append(a))
-        fill(store, ALICE, 24)
-        assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 24 * PAGE
-        assert reads == []
+    store = store_factory(root, durability="none")
+    store.register_namespace(ALICE)
+    reads = []
+    monkeypatch.setattr(store.accounting.ledger, "_logical_of", lambda *a: reads.append(a))
+    fill(store, ALICE, 24)
+    assert store.accounting.ledger.namespace_counts()[ALICE.dirname].logical_bytes == 24 * PAGE
+    assert reads == []
 
 
 def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tmp_path):
@@ -156,16 +159,16 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
         fill(store, ALICE, 2, start=50)  # updates keep the counts unknown, never wrong
         assert store.accounting.ledger.namespace_counts() is None
         assert Path(root, "ledger").read_bytes()[-NS_HEAD.size :] == NS_HEAD.pack(b"GNS1", 0, 0)
-        report = ops.stats_report(store)
+        report = ops.stats_report(StoreAdmin(store))
         assert report["counts"] == "walk" and report["records"] == 8  # falls back, says so
     assert cli.main(["stats", "--root", root]) == 0
     assert "--recount" in capsys.readouterr().out
     assert cli.main(["stats", "--root", root, "--recount", "--json"]) == 0
     capsys.readouterr()
     with RecordStore(root, read_only=True) as store:
-        assert kept_counts(store) == disk_counts(root) and ops.stats_report(store)["counts"] == (
-            "ledger"
-        )
+        assert kept_counts(store) == disk_counts(root) and ops.stats_report(StoreAdmin(store))[
+            "counts"
+        ] == ("ledger")
 
 
 @pytest.mark.parametrize(
@@ -184,7 +187,7 @@ def test_a_damaged_count_table_is_a_damaged_ledger_recounted(tmp_path, tail):
         store.register_namespace(ALICE)
         fill(store, ALICE, 3)
         Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
-        assert store.usage_bytes() == store.checker.disk_bytes()  # recounted from disk
+        assert store.usage_bytes() == store.parts.checker.disk_bytes()  # recounted from disk
         assert kept_counts(store) == disk_counts(root)
 
 
@@ -220,15 +223,15 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
         _, committed, *rest = HEAD.unpack_from(data, 0)
         HEAD.pack_into(data, 0, MAGIC, committed + 30 * record, *rest)
         path.write_bytes(bytes(data))
-        monkeypatch.setattr(store.accounting, "_last_rebuild_s", 1e18)  # no recount due yet
+        monkeypatch.setattr(store.accounting.repair, "_last_rebuild_s", 1e18)  # no recount due yet
         assert not store.put(ALICE, key(999), b"x" * PAGE)  # refused ...
         assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 20  # ... nothing lost
         assert store.stats().counter("budget_unreconciled") >= 1
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
-        monkeypatch.setattr(store.accounting, "_last_rebuild_s", -1e18)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(store.accounting.repair, "_last_rebuild_s", -1e18)
         assert store.put(ALICE, key(999), b"x" * PAGE)  # recounted: the truth, and room
         assert len(list(Path(root, "ns", ALICE.dirname).glob("*.rec"))) == 21
-        assert store.usage_bytes() == store.checker.disk_bytes()
+        assert store.usage_bytes() == store.parts.checker.disk_bytes()
 
 
 # ----------------------------------------------------------------------------- no walk
@@ -254,17 +257,19 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
     assert counter[0] < 50, counter  # the namespaces, stats/ and procs/: never a record's
     counter[0] = 0
     with RecordStore(root, read_only=True) as store:
-        assert ops.bytes_to_verify(store) == report["disk_bytes"]  # verify's progress bar
+        assert (
+            ops.bytes_to_verify(StoreAdmin(store)) == report["disk_bytes"]
+        )  # verify's progress bar
         assert counter[0] < 50, counter  # sized from the ledger: no walk before the walk
         counter[0] = 0
-        check = store.check(threads=2)
+        check = StoreAdmin(store).check(threads=2)
         # verify lists each directory once (it listed it three times: temp files, records,
         # then every record again for the bytes on disk)
         assert records <= counter[0] < records * 1.1 + 50, counter
         assert check.scanned_records == records and check.ledger_drift_bytes == 0
         assert check.records_per_s > 0 and check.mb_per_s > 0
         counter[0] = 0
-        exact = ops.stats_report(store, exact=True)
+        exact = ops.stats_report(StoreAdmin(store), exact=True)
     assert counter[0] >= records  # (the counter does see a walk)
     assert exact["records"] == records and exact["disk_bytes"] == report["disk_bytes"]
     assert exact["logical_bytes"] == report["logical_bytes"] == records * 64
@@ -288,24 +293,24 @@ def test_format_doc_names_the_ledger_as_the_code_writes_it():
     assert all(f"`{kind}`" in section for kind in "PDQM")
 
 
-def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch):
+def test_a_recount_reads_a_bounded_sample_of_headers(tmp_path, monkeypatch, store_factory):
     """A recount runs under the ledger's lock: a stat per record, but the headers of at most
     LOGICAL_SAMPLE_RECORDS per namespace (logical bytes of the rest at the sample's ratio)."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
-        store.register_namespace(ALICE)
-        fill(store, ALICE, 40)
-        monkeypatch.setattr(accounting, "LOGICAL_SAMPLE_RECORDS", 8)
-        reads = []
-        real = store.accounting._logical_of
-        monkeypatch.setattr(
-            store.accounting, "_logical_of", lambda *args: reads.append(args) or real(*args)
-        )
-        store.rebuild_ledger()
-        assert len(reads) == 8
-        assert kept_counts(store) == disk_counts(root)
-        count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
-        assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
+    store = store_factory(root, durability="none")
+    store.register_namespace(ALICE)
+    fill(store, ALICE, 40)
+    monkeypatch.setattr(disk_count, "LOGICAL_SAMPLE_RECORDS", 8)
+    reads = []
+    real = disk_count.DiskCount.logical_of
+    monkeypatch.setattr(
+        disk_count.DiskCount, "logical_of", lambda *args: reads.append(args) or real(*args)
+    )
+    StoreAdmin(store).rebuild_ledger()
+    assert len(reads) == 8
+    assert kept_counts(store) == disk_counts(root)
+    count = store.accounting.ledger.namespace_counts()[ALICE.dirname]
+    assert count.logical_bytes == 40 * PAGE  # records of one size: the ratio is exact
 
 
 def test_the_table_is_changed_in_place_and_bounded():

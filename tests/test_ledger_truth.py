@@ -27,6 +27,7 @@ from support.store_helpers import helper_env
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 
 pytestmark = pytest.mark.slow
@@ -36,6 +37,7 @@ CHILD = r"""
 import os, random, sys, time
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 
 role, root, seed, max_bytes, stop_file = sys.argv[1:6]
 rng, max_bytes = random.Random(int(seed)), int(max_bytes)
@@ -46,7 +48,7 @@ print("ready", flush=True)
 while not os.path.exists(stop_file):
     if role == "restarts":  # a rank of this root restarting, and an operator's recount
         RecordStore(root, max_bytes=max_bytes, durability="none").close()
-        store.rebuild_ledger()
+        StoreAdmin(store).rebuild_ledger()
         continue
     roll = rng.random()
     if roll < 0.8:  # new keys: nearly every put evicts
@@ -164,7 +166,7 @@ def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(tmp_path, 
                 process.wait(timeout=30)
     with RecordStore(root, read_only=True) as store:
         ledger = store.accounting.ledger.committed()
-        report = store.check()
+        report = StoreAdmin(store).check()
         assert_counts_equal_disk(store, root)  # per namespace, exactly (records and bytes)
     on_disk = disk_bytes(root)
     assert ledger == on_disk, f"ledger {ledger} B, disk {on_disk} B: drift {ledger - on_disk} B"
@@ -209,5 +211,5 @@ def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(tmp_path
         assert store.accounting.ledger.committed() == disk_bytes(root)
         assert_counts_equal_disk(store, root)
         assert store.get(NAMESPACE, f"{1:064x}", 5000) == bytes([1]) * 5000
-        report = store.check()
+        report = StoreAdmin(store).check()
     assert report.ledger_drift_bytes == 0, report.as_dict()

@@ -28,6 +28,7 @@ from bench.mooncake_cluster import (
     mooncake_cluster_fixture,
     skip_unless_mooncake,
 )
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.tier.mooncake.buffers import ReadBuffer, chunks, read_only
 from hicache_galahad.tier.mooncake.tier import MooncakeConfigError, MooncakeOptions, MooncakeTier
 
@@ -596,7 +597,7 @@ def test_a_put_shares_the_bytes_it_wrote_once_and_a_present_record_not_again(
         assert writer.tier.flush(10)
         name = shared_key(namespace, "k0")
         value = bytes(reader.tier.get_many([name], [len(page) + 4 * KIB])[0])
-        with open(writer.local.record_file_path(namespace.dirname, "k0"), "rb") as file:
+        with open(StoreAdmin(writer.local).record_file_path(namespace.dirname, "k0"), "rb") as file:
             on_disk = file.read()
         if sealed:
             assert value == on_disk  # the sealed record alone
@@ -718,7 +719,7 @@ def test_the_tier_removes_what_the_store_would_quarantine_and_squatters(tmp_path
         assert (left(), kept_on_disk()) == (["V14"], ["V12", "V14", "V16"])
         store.register_namespace(namespace)
         assert store.put(namespace, "k", page)
-        with open(store.local.record_file_path(namespace.dirname, "k"), "rb") as file:
+        with open(StoreAdmin(store.local).record_file_path(namespace.dirname, "k"), "rb") as file:
             value = file.read()
         assert bytes(store.local.decode_value(namespace, "k", value, len(page))) == page
         assert (left(), kept_on_disk()) == ([], ["V12", "V16"])  # the key is proven now

@@ -34,6 +34,7 @@ from hicache_galahad.errors import ConfigError
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import record_filename
 from hicache_galahad.store.pins import PinResult, document_id
 
@@ -184,7 +185,7 @@ def test_pinned_records_survive_a_storm_of_ten_budgets_from_another_process(tmp_
         for key, data in pinned.items():
             assert checked_get(store, NS_A, key, data), key
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
 
 
 def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(tmp_path):
@@ -682,7 +683,7 @@ def test_verify_fix_drops_the_pins_of_records_removed_by_hand(tmp_path):
         store.pin(NS_A, ["v-00", "v-01"], "doc")
         os.unlink(record_path(root, NS_A, "v-00"))  # an operator's rm: the pin holds its bytes
         assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size}
-        store.check(fix=True)
+        StoreAdmin(store).check(fix=True)
         assert store.pinned_bytes_by_tenant() == {"tenant-a": size} == pins_truth(root)
 
 
@@ -703,4 +704,4 @@ def test_two_processes_pinning_and_unpinning_shared_records_at_once_stay_exact(t
 def test_the_pin_limit_is_among_a_live_servers_settings(tmp_path):
     root = str(tmp_path / "store")
     with RecordStore(root, max_bytes=1000, durability="none") as store:
-        assert [s["max_pinned_bytes"] for s in store.live_settings()] == [500]
+        assert [s["max_pinned_bytes"] for s in StoreAdmin(store).live_settings()] == [500]

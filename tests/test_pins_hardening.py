@@ -21,6 +21,7 @@ from support.store_helpers import NS_A, content, helper_env, read_line
 from test_pins import NS_B, RAW, fill, pins_truth, record_bytes
 
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.pins import document_id
 
 READ_BOUND_S = 10.0  # a read of a damaged pinned record returns within this (the lock: 600 s)
@@ -276,7 +277,7 @@ def test_purging_a_tenants_pinned_records_drops_their_pins_in_batches(tmp_path, 
 
     with RecordStore(root, durability="none") as store:
         monkeypatch.setattr(os, "rename", rename)
-        report = purge(store, tenant="tenant-a")
+        report = purge(StoreAdmin(store), tenant="tenant-a")
         monkeypatch.undo()
         assert report.removed_records == count
         assert store.pinned_bytes_by_tenant() == {} == pins_truth(root)

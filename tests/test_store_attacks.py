@@ -21,7 +21,8 @@ from hicache_galahad.config.options import StoreOptions, default_root
 from hicache_galahad.errors import ConfigError
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, accounting, namespaces
+from hicache_galahad.store import RecordStore, ledger_repair, namespaces
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import record_filename
 from hicache_galahad.store.ledger_state import HEAD, MAGIC
 
@@ -127,10 +128,10 @@ def test_a_ledger_rewritten_to_a_huge_number_never_empties_the_store(tmp_path, m
         assert len(records_of(root, ALICE)) == 11 and len(records_of(root, BOB)) == 10
         assert store.stats().counter("budget_unreconciled") >= 1
         # ... and once it is due, the ledger is recounted from disk and the put succeeds.
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         assert store.put(ALICE, key(98), page(98))
         assert len(records_of(root, ALICE)) == 12 and len(records_of(root, BOB)) == 10
-        assert store.usage_bytes() == store.checker.disk_bytes()
+        assert store.usage_bytes() == store.parts.checker.disk_bytes()
 
 
 def test_a_huge_sparse_file_under_the_root_is_accounted_by_what_it_occupies(tmp_path):
@@ -168,10 +169,10 @@ def test_reservations_of_sigkilled_writers_come_back_while_peers_run(tmp_path, m
         for writer in writers:  # ... and die holding it
             kill(writer)
         assert peer.usage_bytes() >= 10 * RECORD_BYTES + 24 * RECORD_BYTES
-        monkeypatch.setattr(accounting, "LEDGER_REBUILD_INTERVAL_S", 0.0)
+        monkeypatch.setattr(ledger_repair, "LEDGER_REBUILD_INTERVAL_S", 0.0)
         fill(peer, BOB, 25)  # needs the leaked space: reclaimed, nothing of alice evicted
         assert len(records_of(root, ALICE)) == 10 and len(records_of(root, BOB)) == 25
-        assert peer.usage_bytes() == peer.checker.disk_bytes()
+        assert peer.usage_bytes() == peer.parts.checker.disk_bytes()
         assert os.listdir(Path(root) / "procs") == [f"{peer.accounting.token}.lock"]
 
 
@@ -185,7 +186,7 @@ def test_purge_and_clearing_never_touch_a_live_writers_temp_file(tmp_path):
         live_temp = live_temp_file(store, key(7))
         assert store.clear_namespace(ALICE) == 3
         assert live_temp.exists()
-        report = store.check(fix=True)
+        report = StoreAdmin(store).check(fix=True)
         assert live_temp.exists() and report.stray_temp_files == []
         assert not live_temp.name.endswith(".rec")
 
@@ -199,11 +200,11 @@ def test_a_deleted_or_truncated_ledger_is_rebuilt_while_the_store_runs(tmp_path)
         fill(store, ALICE, 10)
         os.unlink(Path(root) / "ledger")
         assert store.put(ALICE, key(50), page(50))
-        assert store.usage_bytes() == store.checker.disk_bytes() == 11 * RECORD_BYTES
+        assert store.usage_bytes() == store.parts.checker.disk_bytes() == 11 * RECORD_BYTES
         with open(Path(root) / "ledger", "r+b") as ledger:
             ledger.truncate(3)
         assert store.put(ALICE, key(51), page(51))
-        assert store.usage_bytes() == store.checker.disk_bytes() == 12 * RECORD_BYTES
+        assert store.usage_bytes() == store.parts.checker.disk_bytes() == 12 * RECORD_BYTES
 
 
 def test_a_deleted_process_lock_does_not_let_a_new_opener_remove_live_temp_files(tmp_path):
@@ -236,7 +237,7 @@ def test_a_symlinked_quarantine_or_namespace_never_reaches_outside_the_root(tmp_
     (root / "quarantine").mkdir()
     (root / "ns" / BOB.dirname).symlink_to(outside)  # a namespace directory pointing out
     with RecordStore(str(root), max_bytes=3 * RECORD_BYTES, durability="none") as store:
-        report = store.check(fix=True)
+        report = StoreAdmin(store).check(fix=True)
         store.clear_namespace(BOB)
         fill(store, ALICE, 6, label="more")  # evicts
         assert report.records == 2
@@ -266,7 +267,7 @@ def test_a_fifo_at_a_record_path_is_a_miss_and_never_hangs(tmp_path):
         assert store.get(ALICE, key(5), PAGE) == page(5)
         os.unlink(Path(root) / "ns" / ALICE.dirname / record_filename(key(5)))
         os.mkfifo(fifo)
-        report = _in_thread(lambda: store.check(fix=True))
+        report = _in_thread(lambda: StoreAdmin(store).check(fix=True))
         assert [problem[:2] for _, problem in report.damaged] == ["V0"]
         assert not fifo.exists()
 
@@ -297,10 +298,11 @@ def _rss_bytes() -> int:
 OPEN_AND_STAT_AS_NOBODY = """
 import json, logging, os, sys
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 logging.basicConfig()
 os.setgid(65534); os.setuid(65534)  # everything is imported: now drop root
 with RecordStore(sys.argv[1], durability="none") as store:
-    store.rebuild_ledger()  # a walk of every record (an open reads no record directory)
+    StoreAdmin(store).rebuild_ledger()  # a walk of every record (an open reads no record directory)
     print(json.dumps(store.stats().as_dict()))
 """
 

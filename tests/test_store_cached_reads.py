@@ -107,7 +107,7 @@ def test_a_warm_record_is_served_on_the_callers_thread(tmp_path, monkeypatch):
         assert store.reader.read_cached_into(NS, KEYS[3], out, os.path.basename(
             record_path(tmp_path / "s", NS, KEYS[3])))  # fmt: skip
         assert out == PAGES[3]
-        monkeypatch.setattr(store, "_pool", NoThreads())
+        monkeypatch.setattr(store.parts, "pool", NoThreads())
         outs = [bytearray(32768) for _ in KEYS]
         assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
         assert outs == [bytearray(page) for page in PAGES]

@@ -11,6 +11,8 @@ import pytest
 from support.records import store_disk_bytes, temp_files
 from support.store_helpers import NS_A, checked_get, children, content, read_line, spawn
 
+from hicache_galahad.store.admin import StoreAdmin
+
 THREADS = 8
 
 
@@ -90,7 +92,7 @@ def test_eight_threads_mixed_operations(tmp_path, compression, store_factory):
         assert all(bytes(out) == items[k] for k, out in zip(keys, outs, strict=True))
         assert temp_files(root) == []
         assert store.usage_bytes() == store_disk_bytes(root)
-        report = store.check()
+        report = StoreAdmin(store).check()
         assert report.clean and report.records == len(keys), report.as_dict()
 
 
@@ -183,6 +185,6 @@ def test_two_processes_write_same_and_different_keys(tmp_path, durable, store_fa
     with store_factory(root) as reader:  # a fresh reader, alone on the root
         for key, key_size in expected.items():
             assert checked_get(reader, NS_A, key, content(key, key_size)), key
-        report = reader.check()
+        report = StoreAdmin(reader).check()
         assert report.clean and report.records == len(expected), report.as_dict()
         assert os.listdir(os.path.join(root, "quarantine")) == []

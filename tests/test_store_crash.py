@@ -25,6 +25,7 @@ from support.store_helpers import (
 )
 
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 
 KILLS = 25
 KEYS = 160
@@ -77,25 +78,26 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
             left = sorted(temp_files(root))
             temps_seen += len(left)
             if resident is not None:
-                report = resident.check()
+                report = StoreAdmin(resident).check()
                 assert report.damaged == [], report.damaged
                 assert sorted(report.stray_temp_files) == left  # all belong to the dead writer
-                fixed = resident.check(fix=True)
+                fixed = StoreAdmin(resident).check(fix=True)
                 assert fixed.damaged == []
                 temps_removed_by_check += len(fixed.stray_temp_files)
-                report = resident.check()
+                report = StoreAdmin(resident).check()
                 assert report.clean, report.as_dict()
                 assert temp_files(root) == []
                 hits_per_kill.append(verify_keyspace(resident, space))
                 resident.close()
             else:
                 with RecordStore(root, durability="none") as fresh:  # alone: cleans after open
-                    fresh.accounting.wait_for_sweep(30)  # (in the background: open scans none)
+                    # (in the background: open scans none)
+                    fresh.accounting.repair.wait_for_sweep(30)
                     assert temp_files(root) == []
                     removed = fresh.counters.snapshot()["stale_temp_removed"]
                     assert removed == len(left)
                     temps_removed_by_open += removed
-                    report = fresh.check()
+                    report = StoreAdmin(fresh).check()
                     assert report.clean, report.as_dict()  # ledger reset to the disk's truth
                     hits_per_kill.append(verify_keyspace(fresh, space))
             assert store_disk_bytes(root) <= MAX_BYTES
@@ -108,7 +110,7 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
     )
     assert sum(hits_per_kill) > 0 and max(hits_per_kill) >= 10  # the writer really wrote
     with RecordStore(root) as final:
-        report = final.check()
+        report = StoreAdmin(final).check()
         assert report.damaged == [] and report.clean, report.as_dict()
         assert report.records == len(record_files(root)) == hits_per_kill[-1]
         # Some records really went through zstd (the writer mixes a compressing store).

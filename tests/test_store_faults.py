@@ -20,6 +20,7 @@ from support.store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store import reader as reader_module
+from hicache_galahad.store.admin import StoreAdmin
 
 MODES = {
     "plain": {},
@@ -130,7 +131,7 @@ def test_write_fault_fails_cleanly_and_the_next_put_succeeds(store, monkeypatch,
     assert store.put(NS_A, key, data) is True
     assert checked_get(store, NS_A, key, data)
     assert store.usage_bytes() == store_disk_bytes(root) > ledger_before
-    report = store.check()
+    report = StoreAdmin(store).check()
     assert report.clean, report.as_dict()
 
 
@@ -164,7 +165,7 @@ def test_put_many_with_one_failing_record(store, monkeypatch, step):
     assert temp_files(store.root) == []
     assert store.usage_bytes() == store_disk_bytes(store.root)
     assert store.put_many(NS_A, keys, datas) == [True] * len(keys)
-    assert store.check().clean
+    assert StoreAdmin(store).check().clean
 
 
 def test_directory_fsync_fault_leaves_no_partial_record(store, monkeypatch):
@@ -184,7 +185,7 @@ def test_directory_fsync_fault_leaves_no_partial_record(store, monkeypatch):
         assert checked_get(store, NS_A, "dir-victim", data)
     assert store.put(NS_A, "dir-victim", data)
     assert checked_get(store, NS_A, "dir-victim", data)
-    assert store.check().clean
+    assert StoreAdmin(store).check().clean
 
 
 def _is_record_fd(args) -> bool:
@@ -221,7 +222,7 @@ def test_read_fault_is_a_transient_miss(store, monkeypatch, calls, size):
     assert os.stat(path).st_ino == inode
     assert quarantine_files(store.root) == []
     assert checked_get(store, NS_A, key, data)
-    assert store.check().clean
+    assert StoreAdmin(store).check().clean
 
 
 def test_statvfs_failure_with_min_free_fails_the_put_cleanly(tmp_path, monkeypatch, store_factory):
@@ -267,4 +268,4 @@ def test_ledger_refusing_the_settle_over_counts_then_comes_right(store, monkeypa
 
     assert store.put(NS_A, "after", content("after", 30_000))
     assert store.usage_bytes() == store_disk_bytes(root)
-    assert store.check().clean
+    assert StoreAdmin(store).check().clean

@@ -23,6 +23,7 @@ from hicache_galahad.ops import reports as ops
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import StoreLayout, record_filename
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
@@ -106,10 +107,10 @@ def test_a_namespace_directory_replaced_by_a_link_never_reaches_the_other_root(
         store.put_many(ALICE, new_keys + KEYS[:2], [page("new", i) for i in range(5)])
         store.delete(ALICE, KEYS[3])
         store.clear_namespace(ALICE)
-        store.check(fix=True, dirnames=[ALICE.dirname])
-        store.check(fix=True)
-        ops.purge(store, older_than_s=0)
-        store.evict_to(0)
+        StoreAdmin(store).check(fix=True, dirnames=[ALICE.dirname])
+        StoreAdmin(store).check(fix=True)
+        ops.purge(StoreAdmin(store), older_than_s=0)
+        StoreAdmin(store).evict_to(0)
     assert snapshot(other) == before
     assert not any(
         name.endswith(tuple(record_filename(key) for key in KEYS)) and "other" in name
@@ -232,7 +233,7 @@ def test_the_time_of_last_use_is_set_at_most_once_an_interval(tmp_path, monkeypa
         time.sleep(0.6)
         assert store.get(ALICE, KEYS[0], PAGE) == page("r", 0)
         assert time.time() - path.stat().st_mtime < 5
-        report = ops.purge(store, older_than_s=60)
+        report = ops.purge(StoreAdmin(store), older_than_s=60)
     assert report.removed_records == len(KEYS) - 1  # the others: unused for an hour
 
 
@@ -303,7 +304,7 @@ def test_a_record_claiming_gibibytes_is_refused_by_its_header_alone(tmp_path, st
             False,
         ]
         assert store.get(ALICE, KEYS[2], PAGE) is None
-        report = store.check()
+        report = StoreAdmin(store).check()
         elapsed_s = time.perf_counter() - started
         stats = store.stats()
     assert elapsed_s < 1.0

@@ -20,6 +20,7 @@ from hicache_galahad.record import format as fmt
 from hicache_galahad.record.crypto import KeyFileError
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import record_filename
 
 MODES = {
@@ -348,7 +349,7 @@ def assert_reads(world: World, expect: Expect, caplog) -> None:
 
 
 def assert_check_sees(world: World, expect: Expect) -> None:
-    report = world.store.check()
+    report = StoreAdmin(world.store).check()
     assert sorted(path for path, _ in report.damaged) == sorted(expect.damaged_paths)
     assert sorted(report.stray_temp_files) == sorted(expect.stray_temps)
     if expect.damaged_paths or expect.stray_temps:
@@ -359,9 +360,9 @@ def assert_check_sees(world: World, expect: Expect) -> None:
 
 def assert_fixed_and_reput(world: World) -> None:
     store = world.store
-    fixed = store.check(fix=True)
+    fixed = StoreAdmin(store).check(fix=True)
     assert fixed.fixed
-    report = store.check()
+    report = StoreAdmin(store).check()
     assert report.clean, report.as_dict()
     assert report.damaged == [] and report.stray_temp_files == []
     assert report.ledger_drift_bytes == 0
@@ -370,7 +371,7 @@ def assert_fixed_and_reput(world: World) -> None:
     for key, data in world.items.items():
         assert store.put(NS_A, key, data)
         assert checked_get(store, NS_A, key, data)
-    report = store.check()
+    report = StoreAdmin(store).check()
     assert report.clean, report.as_dict()
     assert report.records == len(world.items)
 
@@ -465,12 +466,12 @@ def test_all_damage_at_once_fixed_by_check_before_any_read(tmp_path, mode):
             expected_damaged += expect.damaged_paths
             expected_strays += expect.stray_temps
             affected |= set(expect.affected)
-        report = world.store.check(fix=True)
+        report = StoreAdmin(world.store).check(fix=True)
         assert sorted(p for p, _ in report.damaged) == sorted(expected_damaged)
         assert sorted(report.stray_temp_files) == sorted(expected_strays)
         # Quarantine keeps only the newest few damaged files; the ledger counts what stays.
         assert len(quarantine_files(world.root)) == report.quarantined_files
-        after = world.store.check()
+        after = StoreAdmin(world.store).check()
         assert after.clean, after.as_dict()
         assert after.damaged == []
         outs = [bytearray(len(data)) for data in world.items.values()]
@@ -483,7 +484,7 @@ def test_all_damage_at_once_fixed_by_check_before_any_read(tmp_path, mode):
         assert world.store.put_many(NS_A, list(world.items), list(world.items.values()))
         for key, data in world.items.items():
             assert checked_get(world.store, NS_A, key, data)
-        assert world.store.check().clean
+        assert StoreAdmin(world.store).check().clean
     finally:
         world.store.close()
 
@@ -511,8 +512,8 @@ def test_reput_replaces_a_record_with_damage_visible_in_its_header(world, name):
     assert delta(before, after, "puts") == 1  # written anew, not "already there"
     assert delta(before, after, "quarantined") == 1
     assert checked_get(world.store, NS_A, target, world.items[target])
-    assert world.store.check(fix=True).damaged == []
-    assert world.store.check().clean
+    assert StoreAdmin(world.store).check(fix=True).damaged == []
+    assert StoreAdmin(world.store).check().clean
 
 
 @pytest.mark.parametrize("mode", ["plain"])
@@ -593,7 +594,7 @@ def test_plaintext_store_cannot_read_encrypted_records(tmp_path, caplog):
     world = make_world(tmp_path, "aes")
     world.store.close()
     with world.open_store(encryption_key_file=None) as plain:
-        report = plain.check()
+        report = StoreAdmin(plain).check()
         assert report.damaged == []
         assert len(report.unverifiable) == len(world.items)  # sealed: cannot verify, not damage
         with caplog.at_level(logging.WARNING, logger="hicache_galahad.store"):
@@ -655,15 +656,15 @@ def test_live_writers_temp_files_are_kept_dead_writers_removed(tmp_path):
             for path in (live, dead):
                 with open(path, "wb") as temp:
                     temp.write(b"partial")
-            report = store.check(fix=True)
+            report = StoreAdmin(store).check(fix=True)
             assert report.stray_temp_files == [dead]
             assert os.path.exists(live) and not os.path.exists(dead)
-            assert store.check().clean
+            assert StoreAdmin(store).check().clean
             # A store opened while the writer is open must not remove its file.
             with RecordStore(root, durability="none") as second:
                 assert second.counters.snapshot()["stale_temp_removed"] == 0
             assert os.path.exists(live)
         if os.path.exists(live):  # the writer gone: its file is stray
-            assert store.check(fix=True).stray_temp_files == [live]
+            assert StoreAdmin(store).check(fix=True).stray_temp_files == [live]
         assert temp_files(root) == []
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean

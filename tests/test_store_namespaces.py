@@ -11,6 +11,7 @@ from support.store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 
 VARIANTS = {
     "tenant": Namespace("tenant-b", NS_A.model_fingerprint, NS_A.pool, NS_A.geometry),
@@ -66,7 +67,7 @@ def test_records_of_one_namespace_are_misses_in_another(tmp_path, differs_in, en
         for key in keys:
             assert checked_get(store, NS_A, key, datas[key])
             assert not checked_get(store, ns_b, key, other[key])
-        report = store.check()
+        report = StoreAdmin(store).check()
         assert report.clean and report.records == len(keys), report.as_dict()
 
 
@@ -78,9 +79,9 @@ def test_check_flags_a_record_copied_into_another_namespace(tmp_path):
         store.register_namespace(ns_b)
         assert store.put(NS_A, "k", b"a" * 100)
         shutil.copyfile(record_path(root, NS_A, "k"), record_path(root, ns_b, "k"))
-        report = store.check(fix=True)
+        report = StoreAdmin(store).check(fix=True)
         assert [path for path, _ in report.damaged] == [record_path(root, ns_b, "k")]
         assert report.damaged[0][1].startswith("V11")
-        assert store.check().clean
+        assert StoreAdmin(store).check().clean
         assert checked_get(store, NS_A, "k", b"a" * 100)
         assert not store.contains(ns_b, "k")

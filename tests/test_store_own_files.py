@@ -30,6 +30,7 @@ from hicache_galahad.ops import reports as ops
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import record_filename
 from hicache_galahad.store.ledger_state import ENTRY, HEAD, MAGIC
 
@@ -116,7 +117,7 @@ with RecordStore(sys.argv[1], durability="none") as store:
     store.register_namespace(ns)
     ok = store.put(ns, "ff" * 32, bytes(4096))
     print(json.dumps({"put": ok, "ledger": store.usage_bytes(),
-                      "disk": store.checker.disk_bytes()}))
+                      "disk": store.parts.checker.disk_bytes()}))
 """
 
 
@@ -410,13 +411,14 @@ def test_counter_and_temp_files_of_pids_that_do_not_fit_are_junk_not_a_traceback
     assert galahad_json("stats", "--root", root)["budget"]["max_bytes"] is None
     with store_factory(root, durability="none", max_bytes=6 * RECORD_BYTES) as store:
         assert not counter.exists()
-        store.rebuild_ledger()  # a recount sweeps them (an open reads no record directory)
+        # a recount sweeps them (an open reads no record directory)
+        StoreAdmin(store).rebuild_ledger()
         assert not temp.exists()
         temp.write_bytes(b"left by nobody")
-        assert store.rebuild_ledger() == 3 * RECORD_BYTES
+        assert StoreAdmin(store).rebuild_ledger() == 3 * RECORD_BYTES
         assert not temp.exists()
         temp.write_bytes(b"left by nobody")
-        assert store.check(fix=True).stray_temp_files == [str(temp)]
+        assert StoreAdmin(store).check(fix=True).stray_temp_files == [str(temp)]
         store.register_namespace(ALICE)
         keys = [key(100 + index) for index in range(5)]
         assert store.put_many(ALICE, keys, [bytes(PAGE)] * 5) == [True] * 5
@@ -463,7 +465,7 @@ def test_a_ledger_token_with_a_flipped_bit_is_damage_recounted(store_factory, to
     with store_factory(root, durability="none", max_bytes=8 * RECORD_BYTES) as store:
         assert store.usage_bytes() == 3 * RECORD_BYTES  # the forged reservation is gone
         fill(store, 2, start=10)
-        assert store.usage_bytes() == store.checker.disk_bytes() == 5 * RECORD_BYTES
+        assert store.usage_bytes() == store.parts.checker.disk_bytes() == 5 * RECORD_BYTES
 
 
 def test_a_ledger_that_is_a_directory_is_a_one_line_refusal(store_factory):
@@ -533,7 +535,8 @@ def test_stats_counts_regular_records_as_the_ledger_does_and_lists_the_rest_apar
         sparse.write(b"NOTMAGIC" * 512)
         sparse.truncate(8 << 30)
     with store_factory(root, durability="none") as store:  # files put there by hand are
-        store.rebuild_ledger()  # known once recounted (an open reads no record directory)
+        # known once recounted (an open reads no record directory)
+        StoreAdmin(store).rebuild_ledger()
     kept = galahad_json("stats", "--root", root)  # the ledger's counts: regular files only
     assert kept["records"] == 4 and kept["logical_bytes"] == 3 * PAGE
     report = galahad_json("stats", "--root", root, "--exact")  # a walk: it also sees the rest

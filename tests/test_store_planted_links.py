@@ -19,6 +19,7 @@ from pathlib import Path
 
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import StoreLayout
 from hicache_galahad.store.ledger import Ledger
 from hicache_galahad.store.ledger_file import ABANDONED_TEMP_AGE_S
@@ -135,5 +136,5 @@ def test_a_ledger_temp_abandoned_by_a_dead_process_is_removed_at_a_rebuild(tmp_p
         fresh.write_bytes(b"")
         past_s = time.time() - ABANDONED_TEMP_AGE_S - 5
         os.utime(old, (past_s, past_s))
-        store.rebuild_ledger()
+        StoreAdmin(store).rebuild_ledger()
         assert not old.exists() and fresh.exists()

@@ -9,6 +9,7 @@ import pytest
 from support.records import flip_byte, record_files, record_path, write_key_file
 
 from hicache_galahad.record.namespace import Namespace
+from hicache_galahad.store.admin import StoreAdmin
 
 NS = Namespace("tenant", "model", "kv", {"page_bytes": 4096})
 PAGE = bytes(range(256)) * 16
@@ -27,7 +28,7 @@ def test_wrong_key_misses_without_quarantining(tmp_path, store_factory):
     with store_factory(encryption_key_file=wrong) as store:
         assert store.get(NS, "a", len(PAGE)) is None
         assert store.get(NS, "b", len(PAGE)) is None
-        report = store.check(fix=True)
+        report = StoreAdmin(store).check(fix=True)
         assert not report.damaged and len(report.unverifiable) == 3
     assert len(record_files(tmp_path / "store")) == 3
     with store_factory(encryption_key_file=good) as store:
@@ -52,7 +53,7 @@ def test_plaintext_records_survive_an_encrypted_reader(tmp_path, store_factory):
         assert store.put(NS, "a", PAGE)
     with store_factory(encryption_key_file=key_file(tmp_path / "k", 3)) as store:
         assert store.get(NS, "a", len(PAGE)) is None
-        assert not store.check(fix=True).damaged
+        assert not StoreAdmin(store).check(fix=True).damaged
     with store_factory() as store:
         assert store.get(NS, "a", len(PAGE)) == PAGE
 

@@ -12,6 +12,8 @@ import pytest
 from support.records import record_path, store_disk_bytes, temp_files, write_key_file
 from support.store_helpers import NS_A, checked_get, content, hex_key, run_json
 
+from hicache_galahad.store.admin import StoreAdmin
+
 
 def sample_items(count: int = 40) -> list:
     """(key, size, compressible): hex and free-form keys, 1 byte .. ~300 KB, some packable."""
@@ -55,7 +57,7 @@ def test_a_new_process_sees_every_record(tmp_path, mode, writer_open, store_fact
     finally:
         store.close()
     with store_factory(root, encryption_key_file=key_file) as reopened:
-        report = reopened.check()
+        report = StoreAdmin(reopened).check()
         assert report.clean and report.records == len(items), report.as_dict()
 
 

@@ -21,6 +21,7 @@ from hicache_galahad.errors import ServerError
 from hicache_galahad.ops import cli
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.warming.http import HttpServer
 from hicache_galahad.warming.keys import page_keys
 from hicache_galahad.warming.profile import ServerProfile
@@ -128,7 +129,7 @@ def store_root(tmp_path):
 def fill(root, text=TEXT):
     ids = list(text.encode())
     with RecordStore(str(root)) as store:
-        ((_, namespace),) = store.namespaces_on_disk()
+        ((_, namespace),) = StoreAdmin(store).namespaces_on_disk()
         for key in page_keys(ids, PAGE_SIZE):
             assert store.put(namespace, key, b"x" * 64)
     return ids

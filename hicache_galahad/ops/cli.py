@@ -25,7 +25,7 @@ from pathlib import Path
 
 from ..config.fingerprint import fingerprint_model_dir
 from ..errors import GalahadError, OperatorError
-from ..store import RecordStore
+from ..store import StoreAdmin
 from ..units import parse_bytes
 from . import pins_cli, warm_cli
 from . import reports as ops
@@ -50,11 +50,12 @@ from .common import (
 def cmd_stats(args) -> int:
     if args.recount:  # the ledger recounted from disk (writers wait for the walk), then read
         with open_store(args, writable=True) as store:
-            store.rebuild_ledger()
-            report = ops.stats_report(store)
+            admin = StoreAdmin(store)
+            admin.rebuild_ledger()
+            report = ops.stats_report(admin)
     else:
         with open_store(args) as store:
-            report = ops.stats_report(store, exact=args.exact)
+            report = ops.stats_report(StoreAdmin(store), exact=args.exact)
     walked = report["counts"] == "walk"
     rows = [
         [
@@ -157,16 +158,17 @@ def _eviction_order_lines(order: dict) -> list[str]:
 
 def cmd_verify(args) -> int:
     with open_store(args, writable=args.fix) as store:
+        admin = StoreAdmin(store)
         dirnames = None
         if args.tenant is not None:
             dirnames = [
                 dirname
-                for dirname, ns in store.namespaces_on_disk()
+                for dirname, ns in admin.namespaces_on_disk()
                 if ns is not None and ns.tenant == args.tenant
             ]
-        progress = _progress(store, dirnames)
+        progress = _progress(admin, dirnames)
         try:
-            report = store.check(
+            report = admin.check(
                 fix=args.fix,
                 dirnames=dirnames,
                 threads=args.threads,
@@ -218,7 +220,7 @@ def _rate(report) -> str:
     )
 
 
-def _progress(store: RecordStore, dirnames):
+def _progress(admin: StoreAdmin, dirnames):
     """A progress bar over the bytes to verify, on a terminal only, sized from the ledger
     (its namespace counts, or its committed bytes): no walk before the walk."""
     if not sys.stderr.isatty():
@@ -226,7 +228,7 @@ def _progress(store: RecordStore, dirnames):
     from tqdm import tqdm
 
     return tqdm(
-        total=ops.bytes_to_verify(store, dirnames),
+        total=ops.bytes_to_verify(admin, dirnames),
         unit="B",
         unit_scale=True,
         desc="verify",
@@ -245,7 +247,7 @@ def cmd_purge(args) -> int:
             raise OperatorError(str(error)) from None
     with open_store(args, writable=not args.dry_run) as store:
         report = ops.purge(
-            store,
+            StoreAdmin(store),
             tenant=args.tenant,
             model_fingerprint=args.model_fingerprint,
             older_than_s=older_than_s,
@@ -265,15 +267,16 @@ def cmd_purge(args) -> int:
 
 def cmd_gc(args) -> int:
     with open_store(args, writable=True) as store:
+        admin = StoreAdmin(store)
         cap = parse_bytes(args.max_bytes) if args.max_bytes is not None else None
         if cap is None:
-            servers = store.live_settings()
+            servers = admin.live_settings()
             caps = [s.get("max_bytes") for s in servers]
             caps = [c for c in caps if isinstance(c, int)]
             cap = min(caps) if caps else None
         if cap is None:
             raise OperatorError("no budget to apply: pass --max-bytes (no server set one)")
-        evicted, freed = store.evict_to(cap)
+        evicted, freed = admin.evict_to(cap)
         data = {"evicted_files": evicted, "freed_bytes": freed, "ledger_bytes": store.usage_bytes()}
     emit(
         args,
@@ -285,10 +288,11 @@ def cmd_gc(args) -> int:
 
 def cmd_inspect(args) -> int:
     with open_store(args) as store:
-        path = ops.find_record(store, args.target)
+        admin = StoreAdmin(store)
+        path = ops.find_record(admin, args.target)
         if path is None:
             raise OperatorError(f"no record {args.target!r} under {store.root}")
-        info = ops.inspect_record(store, path)
+        info = ops.inspect_record(admin, path)
     lines = [f"{name}: {value}" for name, value in info.items()]
     emit(args, info, "\n".join(lines))
     return EXIT_OK if info["valid"] else EXIT_DAMAGE

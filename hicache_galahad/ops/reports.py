@@ -1,8 +1,9 @@
 """What the operator's commands compute, as data (cli.py prints it).
 
-Everything goes through a RecordStore: read-only commands open it read-only (nothing on disk
-changes, not even a modification time), and deletions go through the store so that the ledger
-and the eviction index stay right while servers use the same root.
+Everything goes through a store's operator verbs (store/admin.py's StoreAdmin): read-only
+commands open the store read-only (nothing on disk changes, not even a modification time), and
+deletions go through it so that the ledger and the eviction index stay right while servers use
+the same root.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import time
 from dataclasses import dataclass, field
 
 from ..record import format as fmt
-from ..store import RecordStore
+from ..store import StoreAdmin
 from ..store.layout import FileEntry
 
 PIN_DROP_BATCH = 4096  # purged records whose pins are dropped in one locked change
@@ -99,10 +100,10 @@ def not_a_record(entry: FileEntry) -> str | None:
     return None if stat.S_ISREG(mode) else _KINDS.get(stat.S_IFMT(mode), "not a regular file")
 
 
-def _raw_len(store: RecordStore, entry: FileEntry) -> int | None:
+def _raw_len(admin: StoreAdmin, entry: FileEntry) -> int | None:
     """The raw page size a record's header declares (its structural rules only)."""
     try:
-        return store.file_header(entry.path).raw_len
+        return admin.file_header(entry.path).raw_len
     except (OSError, fmt.FormatError):
         return None
 
@@ -135,34 +136,34 @@ def _namespace_stats(dirname: str, namespace) -> NamespaceStats:
 
 
 def namespace_stats(
-    store: RecordStore, unreadable=None, not_records: list | None = None
+    admin: StoreAdmin, unreadable=None, not_records: list | None = None
 ) -> list[NamespaceStats]:
     """Per namespace: its record files (regular files only; anything else under a record's
     name is appended to `not_records` as (path, kind)). A walk of every record, reading each
     one's header: `galahad stats --exact` only."""
     found = []
-    for dirname, namespace in store.namespaces_on_disk(unreadable):
+    for dirname, namespace in admin.namespaces_on_disk(unreadable):
         stats = _namespace_stats(dirname, namespace)
-        for entry in store.record_files([dirname], unreadable):
+        for entry in admin.record_files([dirname], unreadable):
             kind = not_a_record(entry)
             if kind is not None:
                 if not_records is not None:
                     not_records.append((entry.path, kind))
                 continue
-            stats.add(entry, _raw_len(store, entry))
+            stats.add(entry, _raw_len(admin, entry))
         found.append(stats)
     return found
 
 
-def ledger_namespace_stats(store: RecordStore, unreadable=None) -> list[NamespaceStats] | None:
+def ledger_namespace_stats(admin: StoreAdmin, unreadable=None) -> list[NamespaceStats] | None:
     """Per namespace, what the ledger keeps (store/ledger.py): no record directory is read,
     only the list of namespace directories and their descriptions. None when the ledger's
     counts are not complete (a ledger written before they existed, or found wrong)."""
-    counts = store.namespace_counts()
+    counts = admin.namespace_counts()
     if counts is None:
         return None
     found = []
-    for dirname, namespace in store.namespaces_on_disk(unreadable):
+    for dirname, namespace in admin.namespaces_on_disk(unreadable):
         stats = _namespace_stats(dirname, namespace)
         count = counts.get(dirname)
         if count is not None:
@@ -174,7 +175,7 @@ def ledger_namespace_stats(store: RecordStore, unreadable=None) -> list[Namespac
     return found
 
 
-def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
+def stats_report(admin: StoreAdmin, *, exact: bool = False) -> dict:
     """What `galahad stats` shows. From the ledger's namespace counts (no record read, the
     same time at any size) unless `exact` or the counts are not complete: then a walk of
     every record (`counts`: "walk"), which also finds the oldest record of each namespace,
@@ -185,21 +186,21 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
     def unreadable(path, error):
         unreadable_dirs.append(path)
 
-    namespaces = None if exact else ledger_namespace_stats(store, unreadable)
+    namespaces = None if exact else ledger_namespace_stats(admin, unreadable)
     source = "ledger"
     if namespaces is None:
         unreadable_dirs.clear()
-        namespaces = namespace_stats(store, unreadable, not_records)
+        namespaces = namespace_stats(admin, unreadable, not_records)
         source = "walk"
-    filesystem = os.statvfs(store.root)
-    settings = store.live_settings()
+    filesystem = os.statvfs(admin.store.root)
+    settings = admin.live_settings()
     caps = [s["max_bytes"] for s in settings if isinstance(s.get("max_bytes"), int)]
     floors = [s["min_free_bytes"] for s in settings if isinstance(s.get("min_free_bytes"), int)]
     pin_caps = [
         s["max_pinned_bytes"] for s in settings if isinstance(s.get("max_pinned_bytes"), int)
     ]
     return {
-        "root": store.root,
+        "root": admin.store.root,
         "counts": source,
         "namespaces": [ns.as_dict() for ns in namespaces],
         "unattributable_namespaces": [ns.dirname for ns in namespaces if ns.tenant is None],
@@ -208,28 +209,28 @@ def stats_report(store: RecordStore, *, exact: bool = False) -> dict:
         "records": sum(ns.records for ns in namespaces),
         "disk_bytes": sum(ns.disk_bytes for ns in namespaces),
         "logical_bytes": sum(ns.logical_bytes for ns in namespaces),
-        "quarantined_files": store.quarantined_files(),
+        "quarantined_files": admin.quarantined_files(),
         "budget": {
             "max_bytes": min(caps) if caps else None,
             "min_free_bytes": max(floors) if floors else None,
-            "ledger_bytes": store.usage_bytes(),
-            "pinned_bytes_by_tenant": store.pinned_bytes_by_tenant(),
+            "ledger_bytes": admin.store.usage_bytes(),
+            "pinned_bytes_by_tenant": admin.store.pinned_bytes_by_tenant(),
             "max_pinned_bytes": min(pin_caps) if pin_caps else None,
             "filesystem_free_bytes": filesystem.f_bavail * filesystem.f_frsize,
             "filesystem_bytes": filesystem.f_blocks * filesystem.f_frsize,
             "servers": settings,
         },
-        "lifetime_counters": store.lifetime_counters(),
-        "eviction_order": store.eviction_order(),
+        "lifetime_counters": admin.lifetime_counters(),
+        "eviction_order": admin.eviction_order(),
     }
 
 
-def bytes_to_verify(store: RecordStore, dirnames=None) -> int | None:
+def bytes_to_verify(admin: StoreAdmin, dirnames=None) -> int | None:
     """The bytes `verify` will read, from the ledger (O(1)): the namespace counts of
     `dirnames` (all: the ledger's total when there are no counts), None when not known."""
-    counts = store.namespace_counts()
+    counts = admin.namespace_counts()
     if counts is None:
-        return store.usage_bytes() if dirnames is None else None
+        return admin.store.usage_bytes() if dirnames is None else None
     wanted = counts if dirnames is None else {d: counts[d] for d in dirnames if d in counts}
     return sum(count.disk_bytes for count in wanted.values())
 
@@ -258,7 +259,7 @@ class PurgeReport:
 
 
 def purge(
-    store: RecordStore,
+    admin: StoreAdmin,
     *,
     tenant: str | None = None,
     model_fingerprint: str | None = None,
@@ -272,7 +273,7 @@ def purge(
     removes them and their pins."""
     report = PurgeReport(dry_run=dry_run)
     cutoff_ns = None if older_than_s is None else (time.time() - older_than_s) * 1e9
-    for dirname, namespace in store.namespaces_on_disk():
+    for dirname, namespace in admin.namespaces_on_disk():
         if tenant is not None or model_fingerprint is not None:
             if namespace is None:
                 report.unattributable_namespaces.append(dirname)
@@ -285,7 +286,7 @@ def purge(
         removed = 0
         deleted: list[str] = []  # their pins dropped in one locked change per batch
         try:
-            for entry in store.record_files([dirname]):
+            for entry in admin.record_files([dirname]):
                 if cutoff_ns is not None and entry.mtime_ns >= cutoff_ns:
                     continue
                 if keep_pinned and entry.links > 1:
@@ -294,20 +295,20 @@ def purge(
                 if dry_run:
                     freed = entry.accounted_bytes
                 else:
-                    freed = store.delete_file(
+                    freed = admin.delete_file(
                         dirname, entry.name, drop_pin=False, keep_pinned=keep_pinned
                     )
                     if freed is not None:  # (a record pinned since the scan is kept)
                         deleted.append(entry.name)
                     if len(deleted) >= PIN_DROP_BATCH:
-                        store.drop_pins(dirname, deleted)
+                        admin.drop_pins(dirname, deleted)
                         deleted = []
                 if freed is not None:
                     removed += 1
                     report.removed_bytes += freed
         finally:
             if deleted:
-                store.drop_pins(dirname, deleted)
+                admin.drop_pins(dirname, deleted)
         if removed:
             report.removed_records += removed
             report.namespaces.append(dirname)
@@ -319,28 +320,28 @@ def purge(
 _FLAG_NAMES = {fmt.FLAG_ZSTD: "zstd", fmt.FLAG_AES256_GCM: "aes-256-gcm"}
 
 
-def find_record(store: RecordStore, target: str) -> str | None:
+def find_record(admin: StoreAdmin, target: str) -> str | None:
     """A record file named by its path, or found by its key in any namespace."""
     if os.path.sep in target or target.endswith(".rec"):
         return target if os.path.lexists(target) else None
-    for dirname, _ in store.namespaces_on_disk():
-        path = store.record_file_path(dirname, target)
+    for dirname, _ in admin.namespaces_on_disk():
+        path = admin.record_file_path(dirname, target)
         if os.path.lexists(path):
             return path
     return None
 
 
-def inspect_record(store: RecordStore, path: str) -> dict:
+def inspect_record(admin: StoreAdmin, path: str) -> dict:
     """One record's header in words, and whether it passes every rule for this reader."""
     path = os.path.abspath(path)
     dirname = os.path.basename(os.path.dirname(path))
     info = {"path": path, "size_bytes": os.lstat(path).st_size}
-    entry = next((e for e in store.record_files([dirname]) if e.path == path), None)
+    entry = next((e for e in admin.record_files([dirname]) if e.path == path), None)
     try:
-        header = store.file_header(path)
+        header = admin.file_header(path)
     except fmt.FormatError as error:
         return info | {"valid": False, "problem": f"{error.rule}: {error}"}
-    namespace = dict(store.namespaces_on_disk()).get(dirname)
+    namespace = dict(admin.namespaces_on_disk()).get(dirname)
     info |= {
         "format_version": fmt.FORMAT_VERSION,
         "key": header.key.decode("utf-8", "replace"),
@@ -356,7 +357,7 @@ def inspect_record(store: RecordStore, path: str) -> dict:
     if entry is None:
         return info | {"valid": False, "problem": "not in a namespace directory of this root"}
     try:
-        store.verify_file(entry, namespace)
+        admin.verify_file(entry, namespace)
     except (fmt.FormatError, OSError) as error:
         rule = getattr(error, "rule", "I/O")
         return info | {"valid": False, "problem": f"{rule}: {error}"}

@@ -348,7 +348,7 @@ class GalahadStorage(HiCacheStorage):
             figures = self._order_figures.latest()  # refreshed on a thread of its own
             self.exporter.set_eviction_order(
                 figures.as_dict() if figures is not None else None,
-                self._local_store().accounting.reaper.pending_bytes,
+                self._local_store().accounting.order.reaper.pending_bytes,
             )
         with self._stats_lock:
             (prefetch_pages, prefetch_gbps), (backup_pages, backup_gbps) = (

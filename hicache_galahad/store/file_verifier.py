@@ -1,5 +1,5 @@
 """Records found on disk by a scan checked against every rule (`galahad verify`,
-`RecordStore.check`, `verify_file`), with the rules and verdicts of the read paths.
+`StoreAdmin.check`, `verify_file`), with the rules and verdicts of the read paths.
 
 `FileVerifier.verify` reads a small record file whole in one pread and checks it from that
 buffer (a plain page of a 64-hex key by one comparison and its digest, anything else rule by

@@ -14,7 +14,7 @@ quarantine moves and trims), rebuild. Logical bytes are an estimate: a publicati
 writer's (its records' page bytes; a dead writer's are read from the headers of what it left
 linked); a deletion takes away the namespace's mean logical/disk share of what it freed (no
 read of a victim's header); a recount reads the headers of a bounded sample per namespace
-(accounting.LOGICAL_SAMPLE_RECORDS).
+(disk_count.LOGICAL_SAMPLE_RECORDS).
 
 Nothing here trusts the file to stay intact: a process whose entry is missing writes it back;
 a ledger that was deleted, replaced or truncated is recreated and flagged `needs_rebuild`, so

@@ -27,22 +27,32 @@ ABANDONED_TEMP_AGE_S = 60.0  # renamed within microseconds: older, its maker die
 class LedgerFile:
     """One root's ledger file, and the locked section every update of it runs in."""
 
-    def __init__(self, path: str, process: ProcessLock | None = None, read_only: bool = False):
+    def __init__(
+        self,
+        path: str,
+        process: ProcessLock | None = None,
+        read_only: bool = False,
+        *,
+        recount: Callable[[], int | tuple] | None = None,
+        inode_of: Callable[[str | None, str], int | None] | None = None,
+        logical_of: Callable[[str, str], int] = lambda dirname, filename: 0,
+    ):
         self._path = path
         self._process = process
         self._read_only = read_only or process is None
         self._mine = 0  # what this process has reserved (also written into its entry)
         self._thread_lock = threading.Lock()
         self.needs_rebuild = False
-        # Counts committed bytes from disk; the store sets it. Called under the lock when the
-        # ledger is found missing, replaced or damaged, so no update is ever lost on top of it.
-        self.recount: Callable[[], int | tuple] | None = None
+        # Counts committed bytes from disk (the store's disk_count.DiskCount). Called under
+        # the lock when the ledger is found missing, replaced or damaged, so no update is
+        # ever lost on top of it.
+        self.recount = recount
         # The inode at a record's name (None when there is none): how a dead writer's journal
-        # is checked against the disk (the store sets it; by path otherwise).
-        self.inode_of: Callable[[str | None, str], int | None] = self._inode_by_path
+        # is checked against the disk (the store's held descriptors; by path otherwise).
+        self.inode_of = inode_of or self._inode_by_path
         # The logical (page) bytes a record's header declares (0 when unknown): what a dead
-        # writer's publication adds to its namespace's count. The store sets it.
-        self.logical_of: Callable[[str, str], int] = lambda dirname, filename: 0
+        # writer's publication adds to its namespace's count.
+        self.logical_of = logical_of
         self.recovered_bytes = 0
         self._fd = self._open()
 

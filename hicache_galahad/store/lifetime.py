@@ -33,7 +33,7 @@ from collections.abc import Callable
 from ..errors import NotARegularFileError
 from .layout import STATS_DIR, is_token
 from .liveness import IDENTITY_FIELD, process_identity
-from .safe_files import create_temp, open_dir, open_regular, read_small_file
+from .safe_files import open_dir, open_regular, read_small_file, replace_file
 
 LIFETIME_FILE = "lifetime.json"
 LOCK_FILE = LIFETIME_FILE + ".lock"
@@ -71,15 +71,16 @@ def _counters(document: dict | None) -> dict:
 
 
 def _write(dir_fd: int, name: str, document: dict) -> None:
-    """Replaces `name` atomically (a temp file of this process renamed over it)."""
-    fd, temp = create_temp(f".{name}.", TEMP_SUFFIX, dir_fd=dir_fd)
-    try:
-        with os.fdopen(fd, "w") as handle:
-            json.dump(document, handle)
-        os.replace(temp, name, src_dir_fd=dir_fd, dst_dir_fd=dir_fd)
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(temp, dir_fd=dir_fd)
+    """Replaces `name` atomically (safe_files.replace_file: `name.<random>.tmp` renamed over
+    it; counters are a hint, never fsynced)."""
+    data = json.dumps(document).encode()
+    replace_file(name, data, dir_fd=dir_fd, temp_suffix=TEMP_SUFFIX, durable=False)
+
+
+def _is_temp(name: str) -> bool:
+    """A writer's temp file: `<name>.<random>.tmp`, or `.<name>.<random>.tmp` as versions
+    before replace_file named them."""
+    return name.endswith(TEMP_SUFFIX)
 
 
 def _add(total: dict, more: dict) -> None:
@@ -159,7 +160,7 @@ def _fold(dir_fd: int, should_fold: Callable[[str], bool]) -> None:
                     os.unlink(name, dir_fd=dir_fd)
         now_s = time.time()
         for name in names:
-            if name[0] == "." and name.endswith(TEMP_SUFFIX):
+            if _is_temp(name):
                 with contextlib.suppress(OSError):
                     info = os.stat(name, dir_fd=dir_fd, follow_symlinks=False)
                     if now_s - info.st_mtime > STALE_TEMP_AGE_S:

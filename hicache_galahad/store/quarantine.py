@@ -13,6 +13,7 @@ import contextlib
 import os
 import threading
 import time
+from collections.abc import Callable
 
 from ..telemetry.metrics import Counters
 from .eviction import LruIndex
@@ -31,7 +32,8 @@ class Quarantine:
         ledger: Ledger,
         index: LruIndex,
         counters: Counters,
-        layout: StoreLayout | None = None,
+        layout: StoreLayout,
+        on_moved: Callable[[str, str], None] = lambda dirname, filename: None,
     ):
         self._dir = quarantine_dir
         self._ledger = ledger
@@ -39,11 +41,11 @@ class Quarantine:
         self._counters = counters
         self._lock = threading.Lock()
         self._known_empty_s: float | None = None
-        # Whose held namespace descriptors moves start from (the store sets its own layout).
-        self.layout = layout or StoreLayout(os.path.dirname(quarantine_dir))
+        # Whose held namespace descriptors moves start from (the store's own layout).
+        self.layout = layout
         # Told (dirname, filename) of each record moved, outside the ledger's lock: the
         # store drops its pin (store/pins/), so a quarantined record's bytes do not stay held.
-        self.on_moved = lambda dirname, filename: None
+        self.on_moved = on_moved
 
     def _dir_fd(self) -> int:
         return os.open(self._dir, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)

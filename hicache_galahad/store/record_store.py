@@ -1,9 +1,10 @@
-"""RecordStore: verified, crash-safe, budgeted records on a local filesystem.
+"""RecordStore: verified, crash-safe, budgeted records on a local filesystem: the data path.
 
-The public verbs of the store over its parts, each a module of this package (README.md's
-Layout and docs/ARCHITECTURE.md's Modules table name every one): the layout of the root, the
-verified reader, the staged writer, the budget and its shared eviction order, the ledger and
-its accounting, the quarantine, the checker, the flusher, the pins and the persisted counters.
+The verbs SGLang's path and the tier over the store use (the `KVStore` protocol: register,
+read, verify, contains, write, delete, pin), over the parts of the store (parts.StoreParts;
+README.md's Layout and docs/ARCHITECTURE.md's Modules table name every module). The
+operator's verbs (check, recounts, scans, purges, eviction to a cap) are admin.StoreAdmin's,
+over the same parts.
 
 Every public method is safe to call from many threads and from several processes on one
 root. Data errors never raise: a read that fails any check is a miss (counted, quarantined,
@@ -13,34 +14,19 @@ no partial record behind.
 
 from __future__ import annotations
 
-import contextlib
-import logging
 import os
-from concurrent.futures import ThreadPoolExecutor
 
 from ..config.options import StoreOptions
 from ..record import format as fmt
-from ..record.codec import RecordCodec
-from ..record.crypto import load_master_key
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog, count_bug, failed
-from .accounting import Accounting
-from .budget import Budget
-from .checker import Checker, CheckReport
-from .eviction import RecentReads
-from .flusher import Flusher
+from ..telemetry.metrics import failed
 from .kvstore import StoreStats
-from .layout import QUARANTINE_DIRNAME, StoreLayout, record_filename
-from .lifetime import CounterFile, lifetime_totals, live_settings
-from .namespaces import NamespaceRegistry
-from .order_stats import SAMPLE_ENTRIES, order_figures
-from .pins import PinResult, Pins
-from .reader import RecordReader, open_record, reader_may_be_wrong
-from .writer import RecordWriter
+from .layout import record_filename
+from .parts import StoreParts
+from .pins import PinResult
+from .reader import reader_may_be_wrong
 
-log = logging.getLogger("hicache_galahad.store")
-
-__all__ = ["CheckReport", "RecordStore", "record_filename"]
+__all__ = ["RecordStore", "record_filename"]
 
 
 def _nbytes(out) -> int:
@@ -54,121 +40,24 @@ class RecordStore:
 
     def __init__(self, root: str | StoreOptions, **options):
         self.options = root if isinstance(root, StoreOptions) else StoreOptions(root, **options)
-        options = self.options
-        self.root = options.root
-        self.max_bytes = options.max_bytes
-        self.read_only = options.read_only
-        self.counters = Counters()
-        self._warn = RateLimitedLog(log)
-        self.layout = StoreLayout(self.root)
-        self.layout.prepare(read_only=self.read_only, min_free_bytes=options.min_free_bytes)
-        master_key = (
-            load_master_key(options.encryption_key_file) if options.encryption_key_file else None
-        )
-        self.codec = RecordCodec(
-            digest_alg={name: alg for alg, name in fmt.DIGEST_NAMES.items()}[options.digest],
-            compression=options.compression,
-            zstd_level=options.zstd_level,
-            master_key=master_key,
-            allow_unverified=options.allow_unverified,
-        )
-        recent_reads = RecentReads()  # every read, for the shared eviction order
-        self.accounting = Accounting(
-            self.layout,
-            read_only=self.read_only,
-            counters=self.counters,
-            warn=self._warn,
-            recent_reads=recent_reads,
-        )
-        self.index = self.accounting.index
-        self.quarantine_box = self.accounting.quarantine
-        self.quarantine_box.layout = self.layout  # moves start from the held descriptors
-        self.pins = Pins(  # store/pins/: records eviction keeps
-            self.layout,
-            self.accounting.ledger,
-            token=self.accounting.token,
-            max_pinned_bytes=options.pin_limit_bytes,
-            durable=options.durable,
-            read_only=self.read_only,
-            counters=self.counters,
-            live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
-        )
-        self.index.pinned_bytes = self.pins.total_bytes
-        # A read that quarantines a pinned record never waits for the pins lock.
-        self.quarantine_box.on_moved = lambda d, f: self._drop_pin(d, f, wait=False)
-        self.budget = Budget(
-            self.accounting.ledger,
-            self.index,
-            self.accounting,
-            max_bytes=options.max_bytes,
-            min_free_bytes=options.min_free_bytes,
-            free_bytes=lambda: self._free_bytes(),  # looked up per call (tests replace it)
-            rebuild=self.accounting.rebuild_if_due,
-            reclaim=self.accounting.reclaim_dead,
-            on_event=self.counters.add,
-            pinned_bytes=self.pins.total_bytes,
-        )
-        self.reader = RecordReader(
-            self.layout, self.codec, read_only=self.read_only, recent_reads=recent_reads
-        )
-        deferred = options.durability == "deferred" and not self.read_only
-        self.flusher = Flusher(options.flush_interval_s, self.counters) if deferred else None
-        self._io_threads = options.io_threads
-        self._pool = ThreadPoolExecutor(self._io_threads, thread_name_prefix="galahad-io")
-        self.writer = RecordWriter(
-            self.layout,
-            self.codec,
-            self.reader,
-            self.budget,
-            self.quarantine_box,
-            self.index,
-            self.counters,
-            self._warn,
-            self._parallel,
-            writer_token=self.accounting.token,
-            durability=options.durability,
-            flusher=self.flusher,
-        )
-        self.checker = Checker(
-            self.layout,
-            self.reader,
-            self.quarantine_box,
-            rebuild_ledger=self.accounting.rebuild,
-            read_ledger=self.accounting.ledger.committed,
-            disk_bytes=self.accounting.disk_bytes,
-            is_alive=self.accounting.is_alive,
-        )
-        self.namespaces = NamespaceRegistry(
-            self.layout,
-            durable=options.durable,
-            read_only=self.read_only,
-            counters=self.counters,
-            warn=self._warn,
-        )
-        self._counter_file = None
+        self.root = self.options.root
+        self.max_bytes = self.options.max_bytes
+        self.read_only = self.options.read_only
+        self.parts = parts = StoreParts(self.options)
+        self.context = parts.context
+        self.counters = parts.counters
+        self.layout = parts.layout
+        self.codec = parts.codec
+        self.accounting = parts.accounting
+        self.index = parts.accounting.index
+        self.quarantine_box = parts.accounting.quarantine
+        self.pins = parts.pins
+        self.budget = parts.budget
+        self.reader = parts.reader
+        self.flusher = parts.flusher
+        self.writer = parts.writer
+        self.namespaces = parts.namespaces
         self._closed = False
-        if not self.read_only:
-            self._counter_file = CounterFile(
-                self.root,
-                self.accounting.token,
-                self.accounting.is_alive,
-                self._settings(),
-                self.counters.snapshot,
-            )
-            self.accounting.open_scan()
-
-    def _settings(self) -> dict:
-        options = self.options
-        return {
-            "pid": os.getpid(),
-            "max_bytes": options.max_bytes,
-            "max_pinned_bytes": options.pin_limit_bytes,
-            "min_free_bytes": options.min_free_bytes,
-            "compression": options.compression,
-            "encrypted": options.encryption_key_file is not None,
-            "digest": options.digest,
-            "durability": options.durability,
-        }
 
     def register_namespace(self, namespace: Namespace) -> Namespace:
         """Creates the namespace's directory and description (idempotent) and returns it; a
@@ -201,7 +90,7 @@ class RecordStore:
             for key, out, filename in zip(keys, outs, filenames, strict=True)
         ]
         rest = [index for index, result in enumerate(results) if result is not True]
-        rest_results = self._parallel(
+        rest_results = self.parts.parallel(
             lambda j: self._read_guarded(
                 namespace, keys[rest[j]], outs[rest[j]], filenames[rest[j]], results[rest[j]]
             ),
@@ -250,7 +139,7 @@ class RecordStore:
         except (TypeError, ValueError):  # a destination it cannot use: the full path says so
             return None
         except Exception as error:
-            self._bug("read-cached-bug", "page-cache read", error)
+            self.context.bug("read-cached-bug", "page-cache read", error)
             return None
 
     def _read_guarded(
@@ -272,20 +161,13 @@ class RecordStore:
         except OSError as error:
             self.counters.add("io_errors")
             self.counters.add("misses", miss)
-            self._warn.warning("read-io", "galahad: I/O error reading %s: %s", key, error)
+            self.context.warn.warning("read-io", "galahad: I/O error reading %s: %s", key, error)
             return False
         except Exception as error:  # a bug, not damage: never raised into the caller
             self.counters.add("misses", miss)
-            self._bug("read-bug", "read", error)
+            self.context.bug("read-bug", "read", error)
             return False
         return True
-
-    def _bug(self, topic: str, what: str, error: Exception) -> None:
-        """The store's one way to swallow an exception that is a bug (never damage or an
-        I/O error): counted in unexpected_errors and logged with its traceback."""
-        count_bug(
-            self.counters, self._warn, topic, "galahad: unexpected %s failure: %r", what, error
-        )
 
     def _on_bad_record(
         self, namespace: Namespace, key: str, error: fmt.FormatError, miss: int = 1
@@ -295,7 +177,7 @@ class RecordStore:
         self.counters.add(failed(error.rule))
         self.counters.add("misses", miss)
         keep = self.read_only or self.config_may_explain(namespace, error)
-        self._warn.warning(
+        self.context.warn.warning(
             f"bad-{error.rule}",
             "galahad: record %s failed %s (%s): treated as a miss%s",
             key,
@@ -330,7 +212,7 @@ class RecordStore:
         except (OSError, fmt.FormatError):  # absent, unreadable, not a regular file
             return False
         except Exception as error:
-            self._bug("contains-bug", "existence check", error)
+            self.context.bug("contains-bug", "existence check", error)
             return False
         os.close(fd)
         return True
@@ -383,32 +265,15 @@ class RecordStore:
     def clear_namespace(self, namespace: Namespace) -> int:
         """Deletes every record of one namespace (never a temp file); returns how many."""
         removed = 0
-        for entry in self.layout.records([namespace.dirname], self.accounting.unreadable_dir):
+        for entry in self.layout.records([namespace.dirname], self.context.unreadable_dir):
             removed += self.accounting.unlink_record(namespace.dirname, entry.name) is not None
         self._drop_pin(namespace.dirname, None)  # the namespace's pins went with its records
         return removed
 
-    # ----------------------------------------------------------------- accounting
-
-    def _free_bytes(self) -> int:
-        stats = os.statvfs(self.root)
-        return stats.f_bavail * stats.f_frsize
+    # ----------------------------------------------------------------- sizes
 
     def usage_bytes(self) -> int:
         return self.accounting.ledger.read()
-
-    def rebuild_ledger(self) -> int:
-        """Recounts the ledger from disk now (and reclaims dead writers' reservations)."""
-        return self.accounting.rebuild()
-
-    def namespace_counts(self) -> dict | None:
-        """Per namespace directory, what the ledger keeps (ledger.NamespaceCount: records,
-        disk_bytes, logical_bytes, newest_ns), read without reading any record; the
-        quarantine is not among them. None while the counts are not complete."""
-        counts = self.accounting.ledger.namespace_counts()
-        if counts is not None:
-            counts.pop(QUARANTINE_DIRNAME, None)
-        return counts
 
     def stats(self) -> StoreStats:
         return StoreStats(
@@ -416,102 +281,6 @@ class RecordStore:
             ledger_bytes=self.accounting.ledger.read(),
             indexed_records=len(self.index),
         )
-
-    def eviction_queues(self) -> dict:
-        """The shared eviction order's state (fifo.py), for the operator: bytes named by the
-        small queue (records not used since they were written) and the main queue (used at
-        least once), and the ledger's bytes; `main_bytes / ledger_bytes` is the share of the
-        store that was read again. {} without a log (a read-only store)."""
-        return self.accounting.queue_state()
-
-    def check(
-        self, fix: bool = False, on_record=None, dirnames=None, threads: int = 1
-    ) -> CheckReport:
-        """Verifies every record of every namespace under root (or of `dirnames`). With fix:
-        quarantines damaged records, removes temp files of dead writers and recounts the
-        ledger, and drops the pins of records removed behind the store's back."""
-        report = self.checker.check(
-            fix=fix and not self.read_only, on_record=on_record, dirnames=dirnames, threads=threads
-        )
-        if fix and not self.read_only:
-            for dirname in self.pins.pinned_dirnames():
-                if dirnames is None or dirname in dirnames:
-                    self._drop_pin(dirname, None)
-        return report
-
-    # ----------------------------------------------------------------- the operator's view
-
-    def namespaces_on_disk(self, on_error=None) -> list[tuple[str, Namespace | None]]:
-        """(directory name, its namespace.json or None) of every namespace directory under
-        the root; `on_error(path, error)` is told of a directory that cannot be read."""
-        return [
-            (dirname, self.layout.load_namespace(dirname))
-            for dirname in self.layout.namespace_dirnames(on_error)
-        ]
-
-    def record_files(self, dirnames=None, on_error=None):
-        """The record files on disk (layout.FileEntry), of the given namespace directories
-        (all when None): a scan that follows no link."""
-        return self.layout.records(dirnames, on_error)
-
-    def record_file_path(self, dirname: str, key: str) -> str:
-        """Where the record of `key` lives in a namespace directory."""
-        return os.path.join(self.layout.namespace_dir(dirname), record_filename(key))
-
-    def file_header(self, path: str) -> fmt.Header:
-        """A record file's header after its structural rules (V0-V9) only: what it claims,
-        for the operator, not a verdict. Raises format.FormatError or OSError."""
-        fd = open_record(path)
-        try:
-            prefix = os.pread(fd, fmt.FIXED_HEADER_BYTES + fmt.MAX_KEY_BYTES, 0)
-            return fmt.parse_header(prefix, os.fstat(fd).st_size)
-        finally:
-            os.close(fd)
-
-    def verify_file(self, entry, namespace: Namespace | None) -> None:
-        """Every rule on a record file found by record_files (reader.files.verify), as
-        `galahad verify` applies them; raises format.FormatError or OSError."""
-        self.reader.files.verify(entry, namespace)
-
-    def eviction_order(self, sample: int = SAMPLE_ENTRIES) -> dict:
-        """What the eviction order holds, read from its logs without writing or locking
-        (order_stats.py: the queues, the ghost, the restorable share estimated from `sample`
-        entries), and the bytes live processes hold reserved: puts in flight and evicted
-        files their reapers have not unlinked yet."""
-        figures = order_figures(self.layout, sample).as_dict()
-        figures["reserved_bytes"] = sum(self.accounting.ledger.reservations().values())
-        return figures
-
-    def live_settings(self) -> list[dict]:
-        """The settings of the processes alive on this root (lifetime.live_settings)."""
-        return live_settings(self.root, self.accounting.is_alive)
-
-    def quarantined_files(self) -> int:
-        return len(self.quarantine_box.names())
-
-    def lifetime_counters(self) -> dict:
-        """The counters of every process that used this root, summed (lifetime.py)."""
-        return lifetime_totals(self.root)
-
-    def delete_file(
-        self, dirname: str, filename: str, *, drop_pin: bool = True, keep_pinned: bool = False
-    ) -> int | None:
-        """Deletes one record file of a namespace directory through the store (ledger and
-        index stay right); the bytes freed, or None if it was not there (its pin, if any,
-        is dropped: purge removes pins with the records; without `drop_pin`, the caller
-        drops them in batches with drop_pins). With `keep_pinned`, a record pinned by then
-        is kept (checked under the ledger's lock, where pins are made)."""
-        freed = self.accounting.unlink_record(dirname, filename, keep_pinned=keep_pinned)
-        if freed is None and keep_pinned:
-            return None
-        if drop_pin:
-            self._drop_pin(dirname, filename)
-        return freed
-
-    def evict_to(self, max_bytes: int) -> tuple[int, int]:
-        """Evicts least recently used records (quarantined files first) until the ledger is
-        at most `max_bytes`; returns (files evicted, bytes freed)."""
-        return self.accounting.evict_to(max_bytes)
 
     # ----------------------------------------------------------------- pins (store/pins/)
 
@@ -534,54 +303,18 @@ class RecordStore:
         written, without the pins' lock (one stat; for metrics)."""
         return self.pins.cached_by_tenant() if cached else self.pins.by_tenant()
 
-    def _drop_pin(self, dirname: str, filename: str | None, *, wait: bool = True) -> None:
-        """A record left its namespace (deleted, purged, quarantined): its pin goes too,
-        so no bytes stay held and counted for it (filename None: every record of dirname).
-        Without `wait`, deferred when the pins lock is busy (pins.stale.DeferredDrops)."""
-        self.drop_pins(dirname, None if filename is None else [filename], wait=wait)
-
-    def drop_pins(self, dirname: str, filenames: list[str] | None, *, wait: bool = True) -> None:
-        """Drops the pins of records of `filenames` (None: any) that left namespace
-        `dirname`, in one locked change per batch (after delete_file(..., drop_pin=False))."""
-        try:
-            self.pins.drop_stale(dirname, filenames, wait=wait)
-        except OSError as error:  # the pin stays until unpinned (or dropped next time)
-            self.counters.add("io_errors")
-            self._warn.warning("pin-drop", "galahad: a pin of %s stays: %s", dirname, error)
-        except Exception as error:  # never raised into a caller
-            self._bug("pin-drop-bug", "pin drop", error)
+    def _drop_pin(self, dirname: str, filename: str | None) -> None:
+        """A record left its namespace (deleted, cleared): its pin goes too, so no bytes
+        stay held and counted for it (filename None: every record of dirname)."""
+        self.parts.drop_pins(dirname, None if filename is None else [filename])
 
     # ----------------------------------------------------------------- plumbing
-
-    def _parallel(self, work, count: int) -> list:
-        """Runs work(i) for i in range(count) over the I/O threads in contiguous slices."""
-        if count == 0:
-            return []
-        slices = min(self._io_threads, count)
-        if slices == 1:
-            return [work(index) for index in range(count)]
-        bounds = [count * part // slices for part in range(slices + 1)]
-
-        def run_slice(part):
-            return [work(index) for index in range(bounds[part], bounds[part + 1])]
-
-        results = []
-        for slice_results in self._pool.map(run_slice, range(slices)):
-            results.extend(slice_results)
-        return results
 
     def close(self) -> None:
         if self._closed:
             return
         self._closed = True
-        self._pool.shutdown(wait=True)
-        if self.flusher is not None:
-            self.flusher.close()
-        self.pins.close()
-        with contextlib.suppress(OSError):
-            self.budget.settle(0, 0)  # what the ledger refused earlier, if anything
-        self.accounting.close()
-        self.layout.close()
+        self.parts.close()
 
     def __enter__(self):
         return self

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from ..config.fingerprint import fingerprint_model_dir
 from ..errors import ServerError
 from ..record.namespace import Namespace
+from ..store import RecordStore, StoreAdmin
 from .profile import ServerProfile
 
 KV_POOL, STATE_POOLS = "kv", ("mamba",)
@@ -47,7 +48,7 @@ def _size(parallel: dict, name: str) -> int | None:
 
 
 def server_namespaces(
-    store, profile: ServerProfile, tenant: str | None = None
+    store: RecordStore, profile: ServerProfile, tenant: str | None = None
 ) -> list[RankNamespaces]:
     """The server's namespaces under the store's root, one entry per rank: the KV namespaces
     whose description names the server's tenant, model (fingerprint, else model path), page
@@ -60,7 +61,7 @@ def server_namespaces(
     tenant = tenant or profile.tenant
     fingerprint = _fingerprint(profile)
     names = profile.storage_model_names()
-    described = [ns for _, ns in store.namespaces_on_disk() if ns is not None]
+    described = [ns for _, ns in StoreAdmin(store).namespaces_on_disk() if ns is not None]
 
     def ours(ns: Namespace) -> bool:
         geometry = ns.geometry or {}

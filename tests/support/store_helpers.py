@@ -22,6 +22,7 @@ import sys
 from hicache_galahad.record import format as fmt
 from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
+from hicache_galahad.store.admin import StoreAdmin
 
 TESTS_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # tests/
 REPO_ROOT = os.path.dirname(TESTS_DIR)
@@ -44,7 +45,7 @@ def assert_store_consistent(root: str, encryption_key_file: str | None = None) -
     store_factory runs it after every test): every record sound, no temp file left, no
     reservation left in the ledger, and the ledger's committed bytes equal to the disk."""
     with RecordStore(root, read_only=True, encryption_key_file=encryption_key_file) as store:
-        report = store.check()
+        report = StoreAdmin(store).check()
         reservations = store.accounting.ledger.reservations()
     assert not report.damaged, report.damaged
     assert not report.unverifiable, report.unverifiable
