@@ -13,7 +13,7 @@ import zlib
 
 from test_cache_policy import document_keys, rank_namespace, record_bytes, run_workload
 
-from hicache_galahad.store import RecordStore
+from hicache_galahad.store import RecordStore, StoreAdmin
 from hicache_galahad.store.fifo import EVICT_DIR, STATE_FILE, STATE_MAGIC, parse_state
 from hicache_galahad.store.order_stats import order_figures
 
@@ -42,7 +42,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 
 def records_on_disk(root: str) -> int:
     with RecordStore(root, read_only=True) as store:
-        return sum(count.records for count in store.namespace_counts().values())
+        return sum(count.records for count in StoreAdmin(store).namespace_counts().values())
 
 
 def test_stats_shows_the_order_and_every_record_restorable(tmp_path):
