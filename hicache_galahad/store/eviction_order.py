@@ -1,12 +1,13 @@
 """The eviction order every process of a root shares: fifo.py's log, walked by its hands.
 
 `EvictionOrder` enters each published batch into the log (enqueue, under the ledger's lock
-inside Ledger.publish), puts the records this process read since its last pass at M's tail
-(newest read first: eviction.RecentReads), plans evictions from its hands (an entry older
-than such a read of its record is passed over; a record used since it was enqueued, or
-pinned, goes to M's tail; a victim is taken with its siblings' records of the same key),
-takes the victims' names under the ledger's lock (journaled, renamed to temp names) and leaves
-their unlinks to the reaper (reaper.py), holding their bytes in the ledger until then.
+inside Ledger.publish), puts the runs this process read since its last pass at M's tail
+(in the order read, each run's head last: eviction.RecentReads), plans evictions from its
+hands (an entry older than such a read of its record is passed over; a record used since
+it was enqueued, or pinned, goes to M's tail; a victim is taken with its siblings' records of
+the same key), takes the victims' names under the ledger's lock (journaled, renamed to temp
+names) and leaves their unlinks to the reaper (reaper.py), holding their bytes in the ledger
+until then.
 """
 
 from __future__ import annotations
