@@ -69,6 +69,7 @@ from bench.cache_clients import (  # noqa: E402
 from bench.cache_sim import (  # noqa: E402
     Belady,
     ExactLru,
+    LeavesFirstLru,
     Request,
     Unbounded,
     leading_run,
@@ -81,6 +82,7 @@ ASK_LAG_DOCS = 5
 GALAHAD = "this store"
 HICACHE_FILE = "HiCacheFile LRU"
 SIM_LRU = "exact LRU (sim)"
+LEAVES_FIRST = "LRU, leaves first (sim)"
 BELADY = "Belady (sim)"
 UNBOUNDED = "unbounded (sim)"
 PARTS = ("runs", "tp", "traces", "costs")
@@ -233,6 +235,7 @@ def trace_figures(name, seed, budget_pages, page_tokens, work, setup: StoreSetup
             HICACHE_FILE, work / "hicache-file", requests, budget_pages, setup
         ),
         SIM_LRU: replay(ExactLru(budget_pages), requests),
+        LEAVES_FIRST: replay(LeavesFirstLru(budget_pages), requests),
         BELADY: replay(Belady(budget_pages, requests), requests),
         UNBOUNDED: replay(Unbounded(), requests),
     }
@@ -382,7 +385,7 @@ def leading_runs_table(results: dict) -> list[str]:
     return lines
 
 
-POLICIES = (GALAHAD, HICACHE_FILE, SIM_LRU, BELADY, UNBOUNDED)
+POLICIES = (GALAHAD, HICACHE_FILE, SIM_LRU, LEAVES_FIRST, BELADY, UNBOUNDED)
 
 
 def split_shares(rows: list[dict], name: str, seeds) -> tuple[dict, dict] | None:
@@ -391,8 +394,9 @@ def split_shares(rows: list[dict], name: str, seeds) -> tuple[dict, dict] | None
     chosen = [row for row in rows if row["trace"] == name and row["seed"] in seeds]
     if not chosen:
         return None
-    share = {p: mean(row["served_share"][p] for row in chosen) for p in POLICIES}
-    tokens = {p: mean(row["tokens_per_request"][p] for row in chosen) for p in POLICIES}
+    policies = [p for p in POLICIES if p in chosen[0]["served_share"]]  # (older runs: fewer)
+    share = {p: mean(row["served_share"][p] for row in chosen) for p in policies}
+    tokens = {p: mean(row["tokens_per_request"][p] for row in chosen) for p in policies}
     return share, tokens
 
 
@@ -412,7 +416,9 @@ def traces_table(rows: list[dict], splits: dict) -> list[str]:
             if shares is None:
                 continue
             share, tokens = shares
-            cells = [f"{100 * share[p]:.1f}% ({tokens[p]:.0f})" for p in POLICIES]
+            cells = [
+                f"{100 * share[p]:.1f}% ({tokens[p]:.0f})" if p in share else "" for p in POLICIES
+            ]
             cells.append(f"{100 * (share[GALAHAD] - share[SIM_LRU]):+.1f}")
             cells.append(f"{100 * (share[BELADY] - share[GALAHAD]):+.1f}")
             lines.append(f"| {name} | {split} {sorted(seeds)} | " + " | ".join(cells) + " |")

@@ -16,6 +16,11 @@ useless without pages 0..k-1), and then writes back every full page it did not r
   that asks the page, so its next use is never later than the page's: the held set stays
   closed under prefixes, every held page it is asked for is restorable, and its restored pages
   are the most any policy that sees the same requests can restore.
+- `LeavesFirstLru`: the exact LRU, but every use of a chain makes its head the most recent
+  (a restore touches its run deepest page first, a write adds its pages deepest first and
+  then touches the run again), as SGLang's radix tree evicts leaves first: a chain is
+  evicted from its tail, and what is held is a leading run (whenever a request fits). An online policy (it sees no future): what LRU can reach when it
+  knows the chains, beside Belady's limit.
 - `Unbounded`: keeps everything (the ceiling the trace allows at all).
 """
 
@@ -79,6 +84,30 @@ class ExactLru:
             self._pages[key] = None
             while len(self._pages) > self.capacity_pages:
                 self._pages.popitem(last=False)
+
+
+class LeavesFirstLru(ExactLru):
+    """ExactLru whose every use of a chain leaves its head the most recent."""
+
+    name = "LRU, leaves first (sim)"
+
+    def restore(self, index: int, request: Request) -> int:
+        run = leading_run(self._pages, request.keys[: request.query_pages])
+        for key in reversed(request.keys[:run]):
+            self._pages.move_to_end(key)
+        return run
+
+    def write(self, index: int, request: Request, restored: int) -> None:
+        for key in reversed(request.keys[restored:]):
+            if key in self._pages:
+                self._pages.move_to_end(key)
+                continue
+            self._pages[key] = None
+            while len(self._pages) > self.capacity_pages:
+                self._pages.popitem(last=False)
+        for key in reversed(request.keys[:restored]):  # the run's head stays the most recent
+            if key in self._pages:
+                self._pages.move_to_end(key)
 
 
 class Unbounded:

@@ -9,7 +9,15 @@ import random
 
 import pytest
 
-from bench.cache_sim import Belady, ExactLru, Request, Unbounded, replay, request_of
+from bench.cache_sim import (
+    Belady,
+    ExactLru,
+    LeavesFirstLru,
+    Request,
+    Unbounded,
+    replay,
+    request_of,
+)
 from bench.cache_traces import HELD_OUT_SEEDS, TRACES, TUNING_SEEDS
 
 # Three documents of 3, 2 and 2 pages; each prompt asks every page of its document (a question
@@ -86,6 +94,29 @@ def test_belady_never_below_lru_never_above_unbounded():
         belady = sum(replay(Belady(budget, requests), requests))
         unbounded = sum(replay(Unbounded(), requests))
         assert lru <= belady <= unbounded, (case, budget, lru, belady, unbounded)
+
+
+def test_leaves_first_lru_holds_only_leading_runs():
+    """On random chained prompts at budgets that hold any one prompt: after every request,
+    each page the leaves-first LRU holds has its predecessor held (what it holds is
+    restorable), and Belady still restores at least as much."""
+    rng = random.Random(1)
+    for case in range(40):
+        stems = [[rng.randrange(1, 9) for _ in range(rng.randint(4, 40))] for _ in range(6)]
+        prompts = [
+            stem[: rng.randint(1, len(stem))] + [rng.randrange(1, 9)]
+            for stem in (rng.choice(stems) for _ in range(40))
+        ]
+        requests = [request_of(prompt, 4) for prompt in prompts]
+        budget = rng.randint(max(len(request.keys) for request in requests), 30)
+        policy = LeavesFirstLru(budget)
+        for index, request in enumerate(requests):
+            policy.write(index, request, policy.restore(index, request))
+            for other in requests:
+                held = [key in policy for key in other.keys]
+                assert held == sorted(held, reverse=True), (case, index)
+        leaves_first = sum(replay(LeavesFirstLru(budget), requests))
+        assert leaves_first <= sum(replay(Belady(budget, requests), requests)), case
 
 
 def most_restorable(requests, capacity_pages: int) -> int:

@@ -155,6 +155,35 @@ def test_a_page_read_again_and_again_within_the_touch_interval_stays(tmp_path):
         assert store.leading_run(namespace, hot) == 8
 
 
+def test_a_cold_chain_is_evicted_from_its_deepest_page(tmp_path):
+    """The main queue is ordered by last read, a run's head nearest the tail: the document
+    read longest ago goes first, from its deepest page, so what is left of it is a leading
+    run. The hand used to move the pages it met used to M's tail in the order it met them
+    (a batch is written tail first, the batches head first): a cold document lost its first
+    pages and kept a tail no one can restore (bench_cache's zipf_chat: 5 points below LRU).
+    And reads appended at a pass's own time were out of its walk, so a pass whose every
+    entry was read since found no victim and the sampler chose (here: a hole in the
+    document)."""
+    size = record_bytes(tmp_path / "probe")
+    with RecordStore(str(tmp_path / "store"), max_bytes=192 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+
+        def write(keys):
+            for start in range(0, len(keys), 8):
+                assert all(store.put_many(namespace, keys[start : start + 8], [bytes(PAGE)] * 8))
+
+        documents = [document_keys(document, 16) for document in range(12)]
+        for keys in documents:
+            write(keys)
+        for keys in documents:  # the first is the least recently read
+            outs = [bytearray(PAGE) for _ in keys]
+            assert store.get_many_into(namespace, keys, outs) == [True] * 16
+        write(document_keys(30, 8))
+        held = [sum(store.contains(namespace, key) for key in keys) for keys in documents]
+        runs = [store.leading_run(namespace, keys) for keys in documents]
+        assert (held, runs) == ([8] + [16] * 11, [8] + [16] * 11), (held, runs)
+
+
 def test_a_purge_by_age_keeps_a_record_pinned_after_its_scan(tmp_path, monkeypatch):
     """Issue 32 item 2: purge decided from its scan's link count and deleted with no check
     under the ledger's lock, so a record pinned between the scan and the deletion was lost."""

@@ -82,20 +82,37 @@ class LruIndex:
 
 
 RECENT_USES_MAX = 65536  # this process's own recent uses kept exactly (bounded memory)
+READ_MARKS_MAX = 4096  # reads waiting to enter the shared order (the newest kept)
 POOL_MAX = 32  # eviction candidates kept between evictions
 
 
 class RecentReads:
-    """When this process last read each key (by record file name, so every rank's namespace
-    of a key shares it), at every read: what the shared order (fifo.py) asks besides the
-    file's modification time, which a reader sets at most every RECENCY_INTERVAL_S (a
-    futimens per read would cost each read a system call). Without it, a key read again and
-    again within that interval looked unused at the hand, and the main queue behaved as a
-    plain FIFO (bench_cache's zipf_chat: 19 points below LRU). Bounded: cleared when full,
-    which forgets at most RECENT_USES_MAX keys' uses for the rest of their interval."""
+    """This process's reads, for the shared order (fifo.py).
+
+    When it last read each key (by record file name, so every rank's namespace of a key
+    shares it), at every read: what the order asks besides the file's modification time,
+    which a reader sets at most every RECENCY_INTERVAL_S (a futimens per read would cost each
+    read a system call). Without it, a key read again and again within that interval looked
+    unused at the hand, and the main queue behaved as a plain FIFO (bench_cache's zipf_chat:
+    19 points below LRU).
+
+    And the runs it read since its last eviction pass (`note_run`, `take_unmarked`): the
+    pass puts them at the main queue's tail in the order they were read, each run's deepest
+    page first, so the main queue is ordered by last use, as LRU's, and a chain that goes
+    cold leaves from its tail, never leaving pages SGLang cannot restore (bench_cache's
+    zipf_chat: 5 points below LRU without them). A record so put (`marked_ns`) has a newer
+    entry than any the hand meets from before.
+
+    Bounded: the times are cleared when full (which forgets at most RECENT_USES_MAX keys'
+    uses for the rest of their interval); of the runs not yet put in the order, the newest
+    READ_MARKS_MAX pages are kept (an older one is still seen as a use at the hand).
+    Thread-safe: reads note from I/O threads while a writer takes."""
 
     def __init__(self):
         self._read_ns: dict[str, int] = {}
+        self._marked_ns: dict[tuple[str, str], int] = {}
+        self._unmarked: OrderedDict[tuple[str, str], None] = OrderedDict()
+        self._lock = threading.Lock()
 
     def note(self, filename: str) -> None:
         if len(self._read_ns) >= RECENT_USES_MAX:
@@ -104,6 +121,32 @@ class RecentReads:
 
     def last_ns(self, filename: str) -> int:
         return self._read_ns.get(filename, 0)
+
+    def note_run(self, locations: list[tuple[str, str]]) -> None:
+        """A run of pages read, head first, as (namespace dirname, record file name)."""
+        with self._lock:
+            for location in reversed(locations):
+                self._unmarked[location] = None
+                self._unmarked.move_to_end(location)
+            while len(self._unmarked) > READ_MARKS_MAX:
+                self._unmarked.popitem(last=False)
+
+    def take_unmarked(self, marked_ns: int) -> list[tuple[str, str]]:
+        """The pages of the runs read since the last take, in the order to append them
+        (oldest use first); from now on they count as put in the order at `marked_ns`."""
+        with self._lock:
+            taken = list(self._unmarked)
+            self._unmarked.clear()
+            if len(self._marked_ns) + len(taken) > RECENT_USES_MAX:
+                self._marked_ns.clear()
+            for location in taken:
+                self._marked_ns[location] = marked_ns
+        return taken
+
+    def marked_ns(self, dirname: str, filename: str) -> int:
+        """When this process last put a read of the record at the main queue's tail (0: not
+        lately)."""
+        return self._marked_ns.get((dirname, filename), 0)
 
 
 class SampledLru:

@@ -1,10 +1,13 @@
 """The eviction order every process of a root shares: fifo.py's log, walked by its hands.
 
 `EvictionOrder` enters each published batch into the log (enqueue, under the ledger's lock
-inside Ledger.publish), plans evictions from its hands (a record used since it was enqueued,
-or pinned, goes to M's tail; a victim is taken with its siblings' records of the same key),
-takes the victims' names under the ledger's lock (journaled, renamed to temp names) and leaves
-their unlinks to the reaper (reaper.py), holding their bytes in the ledger until then.
+inside Ledger.publish), puts the runs this process read since its last pass at M's tail
+(in the order read, each run's head last: eviction.RecentReads), plans evictions from its
+hands (an entry older than such a read of its record is passed over; a record used since
+it was enqueued, or pinned, goes to M's tail; a victim is taken with its siblings' records of
+the same key), takes the victims' names under the ledger's lock (journaled, renamed to temp
+names) and leaves their unlinks to the reaper (reaper.py), holding their bytes in the ledger
+until then.
 """
 
 from __future__ import annotations
@@ -51,6 +54,7 @@ class EvictionOrder:
         self.reaper = Reaper(self.layout.namespace_fd, self._hold_ended)
         self._committed_read = (-1e9, 0)
         self._unsettled_hold = 0
+        self._record_bytes: dict[str, int] = {}  # a namespace's record size (its pages')
 
     def _open_fifo(self) -> SharedFifo | None:
         """The root's eviction log (fifo.py); None when evict/ cannot be made or opened
@@ -95,6 +99,8 @@ class EvictionOrder:
             index = fifo.name_index(dirname)
             if index is None:
                 return
+            if items:
+                self._record_bytes[dirname] = items[0][2]
             now_ns = time.time_ns()
             queues: tuple[list, list] = ([], [])
             for filename, _inode, size, *_ in reversed(items):
@@ -141,8 +147,11 @@ class EvictionOrder:
                 return None
             self.siblings.refresh(fifo.dirnames())
             now_ns = time.time_ns()
-            # M's walk ends where this pass's own appends begin (stamped now_ns): a record
-            # it just moved to M's tail, as used, is never judged again in the same pass.
+            # The reads since the last pass go to M's tail first, stamped just before now_ns:
+            # the walk may reach them (when all else was read since, the least recent read
+            # goes). M's walk ends where this pass's own moves begin (stamped now_ns): a
+            # record it just moved to M's tail, as used, is never judged again in the pass.
+            self._append_reads(fifo, now_ns - 1)
             walks = (
                 fifo.entries(SMALL),
                 itertools.takewhile(lambda entry: entry.time_ns < now_ns, fifo.entries(MAIN)),
@@ -223,14 +232,36 @@ class EvictionOrder:
             self._committed_read = (time.monotonic(), committed)
         return committed
 
+    def _append_reads(self, fifo: SharedFifo, now_ns: int) -> None:
+        """The runs this process read since its last pass, at M's tail stamped `now_ns`, in
+        the order they were read, each run's head nearest the tail: a chain that goes cold
+        is evicted from its deepest page (SGLang restores only a leading run). An entry's
+        size is its namespace's record size (one stat, once per namespace this process
+        never wrote)."""
+        appended: list = []
+        for dirname, filename in self.recent_reads.take_unmarked(now_ns):
+            index = fifo.name_index(dirname)
+            size = self._record_bytes.get(dirname)
+            if size is None:
+                info = self._stat_record(dirname, filename)
+                if info is None:
+                    continue
+                size = self._record_bytes[dirname] = accounted_bytes(info)
+            if index is not None:
+                appended.append((index, filename, size, now_ns))
+        fifo.append(MAIN, appended)
+
     def _judge(
         self, fifo: SharedFifo, entry, planned: dict, planned_names: set, now_ns: int
     ) -> int:
-        """One entry at a hand: skipped (gone), to M's tail (used since it was enqueued, or
-        pinned), or planned for eviction with its siblings; the bytes planned."""
+        """One entry at a hand: skipped (gone, or this process put a read of its record at
+        M's tail since: that newer entry stands for it), to M's tail (used since it was
+        enqueued, or pinned), or planned for eviction with its siblings; the bytes planned."""
         dirname = fifo.dirname_of(entry.name_index)
         if dirname is None or (dirname, entry.filename) in planned_names:
             return 0  # a sibling's entry of a key planned already
+        if self.recent_reads.marked_ns(dirname, entry.filename) > entry.time_ns:
+            return 0
         info = self._stat_record(dirname, entry.filename)
         if info is None:
             return 0

@@ -11,7 +11,9 @@ its key is in the ghost: it was evicted from S lately and asked for again). Evic
 from S while S holds at least S_SHARE of the queued bytes, else from M. At S's hand, a record
 used since it was enqueued (its file's modification time, which every reader sets, is newer
 than the entry's time) moves to M's tail, else it is evicted and its key goes to the ghost; at
-M's hand, a record used since goes to M's tail again, else it is evicted. So one-shot prompts
+M's hand, a record used since goes to M's tail again, else it is evicted. The runs a process
+read are appended to M's tail at its next eviction pass, each run's head last
+(eviction_order.py), so M is ordered by last use, leaves first. So one-shot prompts
 leave through S without flushing what was used twice, and the order is exact and the same
 for every process and every rank: no sample, no index in memory, O(1) work per entry.
 
