@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import hashlib
 import os
+import struct
 import time
+import zlib
 
 from support.store_helpers import NS_A, count_directory_entries
 
@@ -15,6 +17,7 @@ from hicache_galahad.record.namespace import Namespace
 from hicache_galahad.store import RecordStore
 from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.eviction import SampledLru
+from hicache_galahad.store.fifo import EVICT_DIR, STATE_FILE, STATE_MAGIC, parse_state
 from hicache_galahad.store.layout import record_filename
 
 PAGE = 1024
@@ -295,3 +298,29 @@ def test_a_forged_eviction_log_removes_nothing_outside_the_namespaces(tmp_path):
         more = [f"{100 + index:064x}" for index in range(8)]
         assert all(store.put_many(namespace, more, [bytes(PAGE)] * 8))
     assert sorted(os.listdir(outside)) == sorted(record_filename(key) for key in keys)
+
+
+def test_a_forged_far_tail_costs_a_put_nothing(tmp_path):
+    """evict/state claiming the small queue's tail at segment 2^40 (its CRC right): the hand
+    stepped one segment number at a time toward it, an unlink per step, under the ledger's
+    lock, and the put into a full budget never returned. The hand now jumps to the next
+    segment on disk."""
+    size = record_bytes(tmp_path / "probe")
+    root = tmp_path / "store"
+    with RecordStore(str(root), max_bytes=16 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+        assert all(store.put_many(namespace, document_keys(0, 16), [bytes(PAGE)] * 16))
+    state = root / EVICT_DIR / STATE_FILE
+    fields = parse_state(state.read_bytes())
+    fields[2] = 1 << 40  # the small queue's tail segment
+    body = struct.pack("<8s8q", STATE_MAGIC, *fields)
+    state.write_bytes(body + struct.pack("<I", zlib.crc32(body)))
+    with RecordStore(str(root), max_bytes=16 * size, durability="none") as store:
+        namespace = store.register_namespace(NS_A)
+        started = time.monotonic()
+        for document in range(1, 5):  # past every entry the small queue holds on disk
+            keys = document_keys(document, 16)
+            assert all(store.put_many(namespace, keys, [bytes(PAGE)] * 16))
+        assert time.monotonic() - started < 10
+        assert store.leading_run(namespace, keys) == 16
+        assert store.usage_bytes() <= 16 * size

@@ -268,6 +268,19 @@ class SharedFifo:
         self._segments[(queue, number)] = fd
         return fd
 
+    def _next_segment(self, queue: int, after: int) -> int:
+        """The first segment of a queue on disk past `after`, or its tail: one read of evict/
+        (a few segments), never a step per number of a range the state may claim."""
+        tail = self.state[4 * queue + 2]
+        prefix = QUEUE_PREFIXES[queue]
+        numbers = []
+        with contextlib.suppress(OSError):
+            for name in os.listdir(self.dir_fd):
+                digits = name[len(prefix) :]
+                if name.startswith(prefix) and len(digits) == 16 and digits.isdigit():
+                    numbers.append(int(digits))
+        return min([number for number in numbers if after < number < tail] + [tail])
+
     def _drop_segment(self, queue: int, number: int) -> None:
         fd = self._segments.pop((queue, number), None)
         if fd is not None:
@@ -322,6 +335,9 @@ class SharedFifo:
             if whole == 0:
                 if head >= tail:
                     return  # the queue is empty
+                if fd is None:  # a crash between unlink and state, or a forged tail
+                    self.state[base], self.state[base + 1] = self._next_segment(queue, head), 0
+                    continue
                 self._drop_segment(queue, head)
                 self.state[base], self.state[base + 1] = head + 1, 0
                 continue
