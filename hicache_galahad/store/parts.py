@@ -54,10 +54,10 @@ class StoreParts:
             master_key=master_key,
             allow_unverified=options.allow_unverified,
         )
-        recent_reads = RecentReads()  # every read, for the shared eviction order
+        self.recent_reads = RecentReads()  # every read, for the shared eviction order
         self.accounting = Accounting(
             self.context,
-            recent_reads=recent_reads,
+            recent_reads=self.recent_reads,
             pinned_bytes=lambda: self.pins.total_bytes(),  # (the pins come next)
             # A read that quarantines a pinned record never waits for the pins lock.
             on_quarantined=lambda d, f: self.drop_pins(d, [f], wait=False),
@@ -85,7 +85,7 @@ class StoreParts:
             pinned_bytes=self.pins.total_bytes,
         )
         self.reader = RecordReader(
-            layout, self.codec, read_only=read_only, recent_reads=recent_reads
+            layout, self.codec, read_only=read_only, recent_reads=self.recent_reads
         )
         deferred = options.durability == "deferred" and not read_only
         self.flusher = Flusher(options.flush_interval_s, self.counters) if deferred else None

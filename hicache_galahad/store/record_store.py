@@ -108,7 +108,7 @@ class RecordStore:
             (namespace.dirname, name) for name, ok in zip(filenames, results, strict=True) if ok
         ]
         self.index.touch_many_head_last(read)
-        self.accounting.recent_reads.note_run(read)  # for the shared order's main queue
+        self.parts.recent_reads.note_run(read)  # for the shared order's main queue
         return results
 
     def get_bytes(self, namespace: Namespace, key: str, max_bytes: int) -> bytes | None:
