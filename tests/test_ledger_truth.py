@@ -213,4 +213,5 @@ def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(store_fa
         assert_counts_equal_disk(store, root)
         assert store.get(NAMESPACE, f"{1:064x}", 5000) == bytes([1]) * 5000
         report = StoreAdmin(store).check()
+        store.accounting.repair.wait_for_sweep(30)  # the dead writer's temp files, in the back
     assert report.ledger_drift_bytes == 0, report.as_dict()
