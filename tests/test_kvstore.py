@@ -36,15 +36,11 @@ def test_both_stores_have_every_verb_with_its_parameters(store_class):
         ], f"{store_class.__name__}.{name}{inspect.signature(have)}"
 
 
-def test_a_record_store_is_a_kvstore(tmp_path):
-    store = RecordStore(str(tmp_path / "store"), durability="none")
-    try:
-        assert isinstance(store, KVStore)
-    finally:
-        store.close()
+def test_a_record_store_is_a_kvstore(store_factory):
+    assert isinstance(store_factory(durability="none"), KVStore)
 
 
-def test_stats_are_typed_and_as_dict_keeps_the_flat_shape(tmp_path):
+def test_stats_are_typed_and_as_dict_keeps_the_flat_shape(store_factory):
     import dataclasses
     import json
 
@@ -52,29 +48,26 @@ def test_stats_are_typed_and_as_dict_keeps_the_flat_shape(tmp_path):
     from hicache_galahad.store.kvstore import StoreStats
 
     namespace = Namespace("tenant", "fp", "kv", {"page": 1})
-    store = RecordStore(str(tmp_path / "store"), durability="none")
-    try:
-        store.register_namespace(namespace)
-        assert store.put(namespace, "k", b"x" * 100)
-        assert store.get(namespace, "k", 100) == b"x" * 100
-        stats = store.stats()
-        assert isinstance(stats, StoreStats)
-        assert stats.counter("puts") == stats.counter("hits") == 1
-        assert stats.counter("failed_V13") == stats.counter("mooncake_hits") == 0
-        assert stats.indexed_records == len(store.index) and stats.ledger_bytes > 100
-        with pytest.raises(KeyError, match="'hit'"):  # a typo fails, never reads 0
-            stats.counter("hit")
-        assert stats.as_dict() == store.counters.snapshot() | {
-            "ledger_bytes": stats.ledger_bytes,
-            "indexed_records": stats.indexed_records,
-        }
-        json.dumps(stats.as_dict())
-        with pytest.raises(dataclasses.FrozenInstanceError):
-            stats.ledger_bytes = 0
-        with pytest.raises(TypeError):  # a snapshot: nobody changes it
-            stats.counters["puts"] = 5
-    finally:
-        store.close()
+    store = store_factory(durability="none")
+    store.register_namespace(namespace)
+    assert store.put(namespace, "k", b"x" * 100)
+    assert store.get(namespace, "k", 100) == b"x" * 100
+    stats = store.stats()
+    assert isinstance(stats, StoreStats)
+    assert stats.counter("puts") == stats.counter("hits") == 1
+    assert stats.counter("failed_V13") == stats.counter("mooncake_hits") == 0
+    assert stats.indexed_records == len(store.index) and stats.ledger_bytes > 100
+    with pytest.raises(KeyError, match="'hit'"):  # a typo fails, never reads 0
+        stats.counter("hit")
+    assert stats.as_dict() == store.counters.snapshot() | {
+        "ledger_bytes": stats.ledger_bytes,
+        "indexed_records": stats.indexed_records,
+    }
+    json.dumps(stats.as_dict())
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        stats.ledger_bytes = 0
+    with pytest.raises(TypeError):  # a snapshot: nobody changes it
+        stats.counters["puts"] = 5
 
 
 def test_tiered_stats_add_the_mooncake_clients_counters():
@@ -103,7 +96,7 @@ def test_tiered_stats_add_the_mooncake_clients_counters():
 
 @pytest.mark.parametrize("compression", ["none", "zstd"])
 def test_the_publish_hook_gets_the_files_bytes_of_what_the_put_published_only(
-    tmp_path, compression
+    store_factory, compression
 ):
     """RecordStore.publish_many (the writer's publish hook, what a tier shares): the exact
     bytes of each record the put linked into place, once; nothing for a record already stored;
@@ -120,27 +113,24 @@ def test_the_publish_hook_gets_the_files_bytes_of_what_the_put_published_only(
             (key, b"".join(bytes(piece) for piece in pieces)) for key, pieces in records
         )
 
-    store = RecordStore(str(tmp_path / "store"), durability="none", compression=compression)
-    try:
-        store.register_namespace(namespace)
-        assert store.put(namespace, "k0", pages[0])  # stored by a plain put first
-        keys = ["k0", "k1", "k2"]
-        assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
-        assert [key for key, _ in published] == ["k1", "k2"]
-        for key, record in published:
-            with open(StoreAdmin(store).record_file_path(namespace.dirname, key), "rb") as file:
-                assert file.read() == record
-        assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
-        assert len(published) == 2  # all there: nothing published, nothing handed over
+    store = store_factory(durability="none", compression=compression)
+    store.register_namespace(namespace)
+    assert store.put(namespace, "k0", pages[0])  # stored by a plain put first
+    keys = ["k0", "k1", "k2"]
+    assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
+    assert [key for key, _ in published] == ["k1", "k2"]
+    for key, record in published:
+        with open(StoreAdmin(store).record_file_path(namespace.dirname, key), "rb") as file:
+            assert file.read() == record
+    assert store.publish_many(namespace, keys, pages, hook) == [True] * 3
+    assert len(published) == 2  # all there: nothing published, nothing handed over
 
-        def broken(namespace_, records):
-            raise RuntimeError("a bug in the hook")
+    def broken(namespace_, records):
+        raise RuntimeError("a bug in the hook")
 
-        assert store.publish_many(namespace, ["k3"], [pages[0]], broken) == [True]
-        assert store.stats().counter("unexpected_errors") == 1
-        assert store.get(namespace, "k3", len(pages[0])) == pages[0]
-    finally:
-        store.close()
+    assert store.publish_many(namespace, ["k3"], [pages[0]], broken) == [True]
+    assert store.stats().counter("unexpected_errors") == 1
+    assert store.get(namespace, "k3", len(pages[0])) == pages[0]
 
 
 def test_the_tier_uses_only_the_local_stores_public_verbs():
@@ -165,7 +155,9 @@ def test_the_tier_uses_only_the_local_stores_public_verbs():
     assert reached == []
 
 
-def test_a_value_in_memory_is_judged_by_the_stores_rules_and_its_one_rule_of_keeping(tmp_path):
+def test_a_value_in_memory_is_judged_by_the_stores_rules_and_its_one_rule_of_keeping(
+    store_factory, tmp_path
+):
     """RecordStore.decode_value applies the rules of a record file to bytes in memory (a shared
     tier's value), and RecordStore.config_may_explain is the one rule of what a failure leaves
     in place: V12, V16, and V14 until this reader's key has opened a record of the namespace."""
@@ -188,45 +180,39 @@ def test_a_value_in_memory_is_judged_by_the_stores_rules_and_its_one_rule_of_kee
             store.decode_value(namespace, key, value, size)
         return caught.value
 
-    plain = RecordStore(str(tmp_path / "plain"), durability="none")
-    sealed = RecordStore(
-        str(tmp_path / "sealed"),
+    plain = store_factory(tmp_path / "plain", durability="none")
+    sealed = store_factory(
+        tmp_path / "sealed",
         durability="none",
         encryption_key_file=write_key_file(tmp_path / "a.key"),
     )
-    other_key = RecordStore(
-        str(tmp_path / "other"),
+    other_key = store_factory(
+        tmp_path / "other",
         durability="none",
         encryption_key_file=write_key_file(tmp_path / "b.key"),
     )
-    try:
-        assert (plain.encrypted, sealed.encrypted) == (False, True)
-        value = stored_value(plain, "k")
-        assert bytes(plain.decode_value(namespace, "k", value, len(page))) == page
-        damaged = bytearray(value)
-        damaged[-1] ^= 1
-        failures = {
-            "V16": failure(plain, "k", value, len(page) - 1),
-            "V10": failure(plain, "other", value),
-            "V13": failure(plain, "k", bytes(damaged)),
-            "V12": failure(sealed, "k", value),  # plaintext in an encrypted store
-        }
-        assert {rule: error.rule for rule, error in failures.items()} == {
-            rule: rule for rule in failures
-        }
-        kept = {
-            rule for rule, error in failures.items() if plain.config_may_explain(namespace, error)
-        }
-        assert kept == {"V12", "V16"}
+    assert (plain.encrypted, sealed.encrypted) == (False, True)
+    value = stored_value(plain, "k")
+    assert bytes(plain.decode_value(namespace, "k", value, len(page))) == page
+    damaged = bytearray(value)
+    damaged[-1] ^= 1
+    failures = {
+        "V16": failure(plain, "k", value, len(page) - 1),
+        "V10": failure(plain, "other", value),
+        "V13": failure(plain, "k", bytes(damaged)),
+        "V12": failure(sealed, "k", value),  # plaintext in an encrypted store
+    }
+    assert {rule: error.rule for rule, error in failures.items()} == {
+        rule: rule for rule in failures
+    }
+    kept = {rule for rule, error in failures.items() if plain.config_may_explain(namespace, error)}
+    assert kept == {"V12", "V16"}
 
-        sealed_value = stored_value(sealed, "s")
-        wrong_key = failure(other_key, "s", sealed_value)
-        assert wrong_key.rule == "V14"
-        assert other_key.config_may_explain(namespace, wrong_key)  # its key never opened one
-        own = stored_value(other_key, "own")
-        assert bytes(other_key.decode_value(namespace, "own", own, len(page))) == page
-        # its key has opened a record of the namespace: a tag that fails now is damage
-        assert not other_key.config_may_explain(namespace, failure(other_key, "s", sealed_value))
-    finally:
-        for store in (plain, sealed, other_key):
-            store.close()
+    sealed_value = stored_value(sealed, "s")
+    wrong_key = failure(other_key, "s", sealed_value)
+    assert wrong_key.rule == "V14"
+    assert other_key.config_may_explain(namespace, wrong_key)  # its key never opened one
+    own = stored_value(other_key, "own")
+    assert bytes(other_key.decode_value(namespace, "own", own, len(page))) == page
+    # its key has opened a record of the namespace: a tag that fails now is damage
+    assert not other_key.config_may_explain(namespace, failure(other_key, "s", sealed_value))

@@ -20,7 +20,7 @@ from support.store_helpers import count_directory_entries
 from hicache_galahad.ops import cli
 from hicache_galahad.ops import reports as ops
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore, disk_count, ledger_repair
+from hicache_galahad.store import disk_count, ledger_repair
 from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.journal import Journal, JournalItem
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
@@ -110,12 +110,14 @@ def test_a_put_counts_its_logical_bytes_without_reading_a_header(
     assert reads == []
 
 
-def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(tmp_path):
+def test_a_writer_killed_between_link_and_ledger_write_is_counted_by_the_next(
+    store_factory, tmp_path
+):
     """The journal recovers the counts as it recovers committed bytes: a dead writer's
     publication (a journal left in the ledger, records linked) is counted by whoever takes
     the lock next. Produced for real: the ledger written as the writer left it."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 4)
         store.accounting.ledger.namespace_counts()  # (its logical bytes folded in)
@@ -146,14 +148,16 @@ def _old_ledger(root, committed: int) -> None:
     Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, committed, 0, 0))
 
 
-def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path, capsys):
+def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(
+    store_factory, tmp_path, capsys
+):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 6)
         committed = store.accounting.ledger.committed()
     _old_ledger(root, committed)
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert store.usage_bytes() == committed  # read as ever: no recount at open
         assert store.accounting.ledger.namespace_counts() is None
         fill(store, ALICE, 2, start=50)  # updates keep the counts unknown, never wrong
@@ -165,7 +169,7 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
     assert "--recount" in capsys.readouterr().out
     assert cli.main(["stats", "--root", root, "--recount", "--json"]) == 0
     capsys.readouterr()
-    with RecordStore(root, read_only=True) as store:
+    with store_factory(root, read_only=True) as store:
         assert kept_counts(store) == disk_counts(root) and ops.stats_report(StoreAdmin(store))[
             "counts"
         ] == ("ledger")
@@ -180,15 +184,36 @@ def test_an_old_ledger_without_counts_is_read_and_a_rebuild_fills_them(tmp_path,
         b"\0" * 5,  # bytes that are no table
     ],
 )
-def test_a_damaged_count_table_is_a_damaged_ledger_recounted(tmp_path, tail):
+def test_a_damaged_count_table_is_a_damaged_ledger_recounted(store_factory, tmp_path, tail):
     assert LedgerState.parse(HEAD.pack(MAGIC, 5, 0, 0) + tail) is None
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 3)
         Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, 1 << 40, 0, 0) + tail)
         assert store.usage_bytes() == store.parts.checker.disk_bytes()  # recounted from disk
         assert kept_counts(store) == disk_counts(root)
+
+
+def test_a_damaged_ledger_recounted_by_a_read_is_written_back(store_factory, tmp_path):
+    """A read (a locked section that changes nothing) that finds the ledger damaged recounts
+    it and writes the recount. Before, the damaged bytes stayed on disk: every read walked
+    every record again, and a read-only reader (stats, verify) saw a ledger of 0 bytes."""
+    root = str(tmp_path / "store")
+    with store_factory(root, durability="none") as store:
+        store.register_namespace(ALICE)
+        fill(store, ALICE, 3)
+        on_disk = store.parts.checker.disk_bytes()
+        ledger = store.accounting.ledger
+        recounts = []
+        real_recount = ledger.recount
+        ledger.recount = lambda: recounts.append(1) or real_recount()
+        Path(root, "ledger").write_bytes(HEAD.pack(MAGIC, 1 << 40, 0, 0) + b"\0" * 5)
+        assert store.usage_bytes() == store.usage_bytes() == on_disk
+        assert len(recounts) == 1  # the second read found the recount on disk
+        assert LedgerState.parse(Path(root, "ledger").read_bytes()).committed == on_disk
+    with store_factory(root, read_only=True) as reader:
+        assert reader.usage_bytes() == on_disk
 
 
 def test_a_table_entry_is_the_directory_name_and_four_counts():
@@ -209,13 +234,15 @@ def test_a_table_entry_is_the_directory_name_and_four_counts():
 # ----------------------------------------------------------------------------- forged ledger
 
 
-def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkeypatch):
+def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(
+    store_factory, tmp_path, monkeypatch
+):
     """Committed bytes rewritten to a false figure well below what the filesystem holds (so
     the filesystem bound does not catch it): before the fix, a put into a budget of 40
     records holding 20 evicted real records to pay for the 30 the ledger only claimed."""
     root = str(tmp_path / "store")
     record = PAGE + 112 + 64
-    with RecordStore(root, max_bytes=40 * record, durability="none") as store:
+    with store_factory(root, max_bytes=40 * record, durability="none") as store:
         store.register_namespace(ALICE)
         fill(store, ALICE, 20)
         path = Path(root, "ledger")
@@ -237,10 +264,12 @@ def test_a_plausible_forged_ledger_cannot_make_a_put_over_evict(tmp_path, monkey
 # ----------------------------------------------------------------------------- no walk
 
 
-def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, capsys):
+def test_stats_reads_no_record_directory_at_20k_records(
+    store_factory, tmp_path, monkeypatch, capsys
+):
     root = str(tmp_path / "store")
     records = 20_000
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         for namespace in (ALICE, BOB):
             store.register_namespace(namespace)
         for first in range(0, records, 1000):
@@ -256,7 +285,7 @@ def test_stats_reads_no_record_directory_at_20k_records(tmp_path, monkeypatch, c
     assert {ns["rank"] for ns in report["namespaces"]} == {"tp 3/8", "tp all/2"}
     assert counter[0] < 50, counter  # the namespaces, stats/ and procs/: never a record's
     counter[0] = 0
-    with RecordStore(root, read_only=True) as store:
+    with store_factory(root, read_only=True) as store:
         assert (
             ops.bytes_to_verify(StoreAdmin(store)) == report["disk_bytes"]
         )  # verify's progress bar

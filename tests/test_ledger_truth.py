@@ -26,7 +26,6 @@ from support.records import record_files
 from support.store_helpers import helper_env
 
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.layout import QUARANTINE_DIRNAME
 
@@ -133,11 +132,13 @@ def _finish(process: subprocess.Popen) -> None:
 
 
 @pytest.mark.parametrize("round_", range(2))
-def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(tmp_path, round_):
+def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(
+    store_factory, tmp_path, round_
+):
     root = str(tmp_path / "root")
     # 3,000 records of 2 KiB first: a recount takes long enough for the writers to link and
     # unlink records while it runs (production size in miniature).
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NAMESPACE)
         for first in range(0, 3000, 300):
             keys = [f"{index:064x}" for index in range(first, first + 300)]
@@ -164,7 +165,7 @@ def test_ledger_equals_disk_after_four_writers_evicting_and_a_sigkill(tmp_path, 
             if process.poll() is None:
                 os.kill(process.pid, signal.SIGKILL)
                 process.wait(timeout=30)
-    with RecordStore(root, read_only=True) as store:
+    with store_factory(root, read_only=True) as store:
         ledger = store.accounting.ledger.committed()
         report = StoreAdmin(store).check()
         assert_counts_equal_disk(store, root)  # per namespace, exactly (records and bytes)
@@ -195,21 +196,22 @@ store.put_many(namespace, [f"{i:064x}" for i in range(4)], [bytes([i]) * 5000 fo
 """
 
 
-def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(tmp_path):
+def test_a_writer_killed_among_its_links_is_counted_by_the_next_process(store_factory, tmp_path):
     """The kill lands between link(2) and the ledger's settle (injected: a SIGKILL at that
     instant cannot be timed for real). The journal the writer left in the ledger is how the
     next process counts the two records that were linked, exactly, without a recount."""
     root = str(tmp_path / "root")
-    RecordStore(root, durability="none").close()
+    store_factory(root, durability="none").close()
     child = subprocess.run(
         [sys.executable, "-c", DIE_AMONG_LINKS, root], env=helper_env(), capture_output=True
     )
     assert child.returncode == -signal.SIGKILL, child.stderr
     assert len(record_files(root)) == 2
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert store.stats().counter("ledger_rebuilds") == 0  # no recount: the journal did it
         assert store.accounting.ledger.committed() == disk_bytes(root)
         assert_counts_equal_disk(store, root)
         assert store.get(NAMESPACE, f"{1:064x}", 5000) == bytes([1]) * 5000
         report = StoreAdmin(store).check()
+        store.accounting.repair.wait_for_sweep(30)  # the dead writer's temp files, in the back
     assert report.ledger_drift_bytes == 0, report.as_dict()

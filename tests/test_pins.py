@@ -169,10 +169,12 @@ def child_json(*args, timeout_s: float = 120) -> dict:
 # ----------------------------------------------------------------------------- the storm
 
 
-def test_pinned_records_survive_a_storm_of_ten_budgets_from_another_process(tmp_path):
+def test_pinned_records_survive_a_storm_of_ten_budgets_from_another_process(
+    store_factory, tmp_path
+):
     root = str(tmp_path / "store")
     max_bytes = 1_000_000
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         pinned = fill(store, NS_A, [f"doc-page-{i}" for i in range(20)])  # ~400 KB
         result = store.pin(NS_A, list(pinned), "the corpus")
@@ -181,19 +183,21 @@ def test_pinned_records_survive_a_storm_of_ten_budgets_from_another_process(tmp_
     report = child_json("storm", root, max_bytes, 10 * max_bytes, RAW)
     assert report["evictions"] > 300 and report["failed"] == 0
     assert store_disk_bytes(root) <= max_bytes
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:  # a restart
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:  # a restart
         for key, data in pinned.items():
             assert checked_get(store, NS_A, key, data), key
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
         assert StoreAdmin(store).check().clean
 
 
-def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(tmp_path):
+def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(
+    store_factory, tmp_path
+):
     """The other process's eviction pool may hold the record from before the pin: the check
     under the ledger's lock (a second link) keeps it."""
     root = str(tmp_path / "store")
     max_bytes = 400_000
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         old = fill(store, NS_A, [f"old-{i}" for i in range(10)])  # ~200 KB, the oldest
     with children() as started:
@@ -203,7 +207,7 @@ def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(
         evictor.stdin.write("go 12\n")  # past the budget: its pool now holds old records
         evictor.stdin.flush()
         before = json.loads(read_line(evictor, 60))
-        with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+        with store_factory(root, max_bytes=max_bytes, durability="none") as store:
             kept = [key for key in old if store.contains(NS_A, key)][:5]
             assert len(kept) == 5 and before["evictions"] > 0
             assert store.pin(NS_A, kept, "kept").pinned_records == len(kept)
@@ -211,7 +215,7 @@ def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(
         evictor.stdin.flush()
         after = json.loads(read_line(evictor, 120))
         assert after["evictions"] - before["evictions"] > 20
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:
         for key in kept:
             assert checked_get(store, NS_A, key, old[key])
     assert store_disk_bytes(root) <= max_bytes
@@ -220,11 +224,11 @@ def test_a_process_that_sampled_a_record_before_it_was_pinned_does_not_evict_it(
 # ----------------------------------------------------------------------------- the budget
 
 
-def test_a_put_that_only_evicting_a_pin_could_fit_fails_and_is_counted(tmp_path):
+def test_a_put_that_only_evicting_a_pin_could_fit_fails_and_is_counted(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("p-00")
     max_bytes = 10 * size
-    with RecordStore(
+    with store_factory(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
         store.register_namespace(NS_A)
@@ -245,10 +249,10 @@ def test_a_put_that_only_evicting_a_pin_could_fit_fails_and_is_counted(tmp_path)
         del loose
 
 
-def test_pinning_past_max_pinned_bytes_is_refused_and_never_evicts(tmp_path):
+def test_pinning_past_max_pinned_bytes_is_refused_and_never_evicts(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("r-00")
-    with RecordStore(
+    with store_factory(
         root, max_bytes=20 * size, max_pinned_bytes=5 * size, durability="none"
     ) as store:
         store.register_namespace(NS_A)
@@ -263,14 +267,14 @@ def test_pinning_past_max_pinned_bytes_is_refused_and_never_evicts(tmp_path):
             RecordStore(root, max_bytes=size, max_pinned_bytes=2 * size)
         with pytest.raises(ConfigError, match="max_pinned_bytes"):
             RecordStore(root, max_pinned_bytes="lots")
-    with RecordStore(root, max_bytes=20 * size, max_pinned_bytes=0) as store:
+    with store_factory(root, max_bytes=20 * size, max_pinned_bytes=0) as store:
         assert store.pin(NS_A, ["r-07"], "none allowed").refused_keys == ["r-07"]
 
 
-def test_the_default_limit_is_half_the_budget(tmp_path):
+def test_the_default_limit_is_half_the_budget(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("h-00")
-    with RecordStore(root, max_bytes=10 * size, durability="none") as store:
+    with store_factory(root, max_bytes=10 * size, durability="none") as store:
         store.register_namespace(NS_A)
         data = fill(store, NS_A, [f"h-{i:02d}" for i in range(7)])
         assert store.pin(NS_A, list(data), "half").pinned_records == 5
@@ -279,11 +283,13 @@ def test_the_default_limit_is_half_the_budget(tmp_path):
 # ----------------------------------------------------------------------------- unpinning
 
 
-def test_unpin_by_document_tenant_and_all_releases_bytes_and_records_become_evictable(tmp_path):
+def test_unpin_by_document_tenant_and_all_releases_bytes_and_records_become_evictable(
+    store_factory, tmp_path
+):
     root = str(tmp_path / "store")
     size = record_bytes("a-00")
     max_bytes = 12 * size
-    with RecordStore(
+    with store_factory(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
         for namespace in (NS_A, NS_B):
@@ -312,11 +318,11 @@ def test_unpin_by_document_tenant_and_all_releases_bytes_and_records_become_evic
         assert not any(store.contains(NS_B, key) for key in b)
 
 
-def test_two_documents_share_a_record_and_unpinning_one_keeps_it(tmp_path):
+def test_two_documents_share_a_record_and_unpinning_one_keeps_it(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("s-00")
     max_bytes = 8 * size
-    with RecordStore(
+    with store_factory(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
         store.register_namespace(NS_A)
@@ -335,9 +341,9 @@ def test_two_documents_share_a_record_and_unpinning_one_keeps_it(tmp_path):
         assert checked_get(store, NS_A, "s-02", data["s-02"])
 
 
-def test_galahad_unpin_command(tmp_path):
+def test_galahad_unpin_command(store_factory, tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         data = fill(store, NS_A, ["c-00", "c-01"])
         store.pin(NS_A, list(data), "cli doc")
@@ -364,10 +370,12 @@ def test_galahad_unpin_command(tmp_path):
 # ----------------------------------------------------------------------------- records that leave
 
 
-def test_quarantine_and_purge_of_a_pinned_record_drop_the_pin_and_its_bytes(tmp_path):
+def test_quarantine_and_purge_of_a_pinned_record_drop_the_pin_and_its_bytes(
+    store_factory, tmp_path
+):
     root = str(tmp_path / "store")
     size = record_bytes("q-00")
-    with RecordStore(root, max_bytes=20 * size, durability="none") as store:
+    with store_factory(root, max_bytes=20 * size, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, [f"q-{i:02d}" for i in range(4)])
         store.pin(NS_A, [f"q-{i:02d}" for i in range(4)], "doc")
@@ -396,10 +404,10 @@ def test_quarantine_and_purge_of_a_pinned_record_drop_the_pin_and_its_bytes(tmp_
     assert purge.returncode == 0
 
 
-def test_galahad_purge_by_tenant_drops_that_tenants_pins(tmp_path):
+def test_galahad_purge_by_tenant_drops_that_tenants_pins(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("g-00")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         for namespace in (NS_A, NS_B):
             store.register_namespace(namespace)
             fill(store, namespace, ["g-00", "g-01"])
@@ -412,16 +420,16 @@ def test_galahad_purge_by_tenant_drops_that_tenants_pins(tmp_path):
         timeout=60,
     )
     assert purge.returncode == 0, purge.stderr
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert store.pinned_bytes_by_tenant() == {"tenant-b": 2 * size} == pins_truth(root)
 
 
-def test_purge_by_age_keeps_pinned_records_and_stats_shows_pinned_bytes(tmp_path):
+def test_purge_by_age_keeps_pinned_records_and_stats_shows_pinned_bytes(store_factory, tmp_path):
     """`purge --older-than` alone never removes a pinned record (the pin is the operator's
     word that it stays); `stats` shows the pinned bytes per tenant and the limit."""
     root = str(tmp_path / "store")
     size = record_bytes("o-00")
-    with RecordStore(root, max_bytes=40 * size, durability="none") as store:
+    with store_factory(root, max_bytes=40 * size, durability="none") as store:
         store.register_namespace(NS_A)
         data = fill(store, NS_A, [f"o-{i:02d}" for i in range(4)])
         store.pin(NS_A, ["o-00", "o-01"], "kept doc")
@@ -442,20 +450,20 @@ def test_purge_by_age_keeps_pinned_records_and_stats_shows_pinned_bytes(tmp_path
 
     purged = galahad("purge", "--older-than", "10m")
     assert (purged["removed_records"], purged["kept_pinned_records"]) == (2, 2)
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert [key for key in data if store.contains(NS_A, key)] == ["o-00", "o-01"]
         assert store.pinned_bytes_by_tenant() == {"tenant-a": 2 * size} == pins_truth(root)
     budget = galahad("stats")["budget"]
     assert budget["pinned_bytes_by_tenant"] == {"tenant-a": 2 * size}
 
 
-def test_a_dead_writers_temp_link_does_not_miscount_a_pin(tmp_path):
+def test_a_dead_writers_temp_link_does_not_miscount_a_pin(store_factory, tmp_path):
     """A writer killed between its link(2) and the unlink of its temp file leaves the record
     with two links: the pin's count is its own pin file's, so pinning and unpinning it stay
     exact, and the sweep of the temp file changes nothing."""
     root = str(tmp_path / "store")
     size = record_bytes("t-00")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, ["t-00"])
         path = record_path(root, NS_A, "t-00")
@@ -472,8 +480,8 @@ def test_a_dead_writers_temp_link_does_not_miscount_a_pin(tmp_path):
 # ----------------------------------------------------------------------------- SIGKILL
 
 
-def _check_after_kill(root, keys, raw: int) -> None:
-    with RecordStore(root, durability="none") as store:
+def _check_after_kill(store_factory, root, keys, raw: int) -> None:
+    with store_factory(root, durability="none") as store:
         counted = store.pinned_bytes_by_tenant()  # takes the lock: finishes the journal
         assert state(root)["journal"] is None
         assert counted == pins_truth(root)
@@ -489,14 +497,14 @@ def _check_after_kill(root, keys, raw: int) -> None:
         fill(store, NS_A, keys, raw=raw)  # the next run starts with every record
 
 
-def test_a_pin_killed_at_every_step_leaves_exact_counts(tmp_path):
+def test_a_pin_killed_at_every_step_leaves_exact_counts(store_factory, tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         keys = list(fill(store, NS_A, [f"k-{i:02d}" for i in range(6)], raw=2_000))
     steps = 0
     for die_after in range(0, 90, 2):
-        _check_after_kill(root, keys, 2_000)  # (and starts each run from no pins)
+        _check_after_kill(store_factory, root, keys, 2_000)  # (and starts each run from no pins)
         process = child("pin", root, json.dumps(keys), die_after, 8)
         out, err = process.communicate(timeout=60)
         if process.returncode == 0:
@@ -504,13 +512,13 @@ def test_a_pin_killed_at_every_step_leaves_exact_counts(tmp_path):
             break
         assert process.returncode == -signal.SIGKILL, err
         steps += 1
-        _check_after_kill(root, keys, 2_000)
+        _check_after_kill(store_factory, root, keys, 2_000)
     assert steps >= 10  # it really died in the middle, at many steps
 
 
-def test_pins_killed_at_random_moments_and_reopened_stay_exact(tmp_path):
+def test_pins_killed_at_random_moments_and_reopened_stay_exact(store_factory, tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         keys = list(fill(store, NS_A, [f"m-{i:03d}" for i in range(60)], raw=1_000))
     rng = random.Random(23)
@@ -522,27 +530,27 @@ def test_pins_killed_at_random_moments_and_reopened_stay_exact(tmp_path):
         finally:
             os.kill(process.pid, signal.SIGKILL)
             process.communicate(timeout=30)
-        with RecordStore(root, durability="none") as store:
+        with store_factory(root, durability="none") as store:
             assert store.pinned_bytes_by_tenant() == pins_truth(root)
             assert state(root)["journal"] is None
-    _check_after_kill(root, keys, 1_000)
+    _check_after_kill(store_factory, root, keys, 1_000)
 
 
 # ----------------------------------------------------------------------------- links
 
 
-def test_a_linked_pins_directory_is_refused(tmp_path):
+def test_a_linked_pins_directory_is_refused(store_factory, tmp_path):
     root = str(tmp_path / "store")
     outside = tmp_path / "outside"
     outside.mkdir()
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, ["x-00"])
     os.symlink(outside, os.path.join(root, "pins"))
     with pytest.raises(ConfigError, match="pins"):
         RecordStore(root, durability="none")
     os.unlink(os.path.join(root, "pins"))
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.pin(NS_A, ["x-00"], "doc")
         refs = os.path.join(root, "pins", "refs")
         os.rename(refs, os.path.join(root, "pins", "refs-real"))
@@ -560,10 +568,12 @@ def test_document_ids_are_plain_names():
 
 
 @pytest.mark.parametrize("damage", ["garbage", "missing", "negative"])
-def test_a_damaged_or_missing_state_file_is_counted_again_from_the_pin_files(tmp_path, damage):
+def test_a_damaged_or_missing_state_file_is_counted_again_from_the_pin_files(
+    store_factory, tmp_path, damage
+):
     root = str(tmp_path / "store")
     size = record_bytes("d-00")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         for namespace in (NS_A, NS_B):
             store.register_namespace(namespace)
             fill(store, namespace, ["d-00", "d-01", "d-02"])
@@ -625,18 +635,20 @@ def test_max_pinned_bytes_in_the_extra_config_is_checked_at_start():
 
 
 @pytest.mark.parametrize("durability", ["fsync", "deferred"])
-def test_durable_pins_round_trip(tmp_path, durability):
+def test_durable_pins_round_trip(store_factory, tmp_path, durability):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability=durability) as store:
+    with store_factory(root, durability=durability) as store:
         store.register_namespace(NS_A)
         data = fill(store, NS_A, ["u-00", "u-01"])
         assert store.pin(NS_A, list(data), "durable").pinned_records == 2
-    with RecordStore(root, durability=durability) as store:
+    with store_factory(root, durability=durability) as store:
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
         assert store.unpin(tenant="tenant-a") == 2 * record_bytes("u-00")
 
 
-def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path, monkeypatch):
+def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(
+    store_factory, tmp_path, monkeypatch
+):
     """Pinned records fill 90% of the budget and of the directory: each put still evicts a
     loose record after reading a bounded number of directory entries (the sample walks on
     past pinned files; no listing of the pins), and no pinned record goes."""
@@ -645,7 +657,7 @@ def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path,
     size = record_bytes(f"{0:064x}", raw)
     max_bytes = count * size
     keys = [f"{i:064x}" for i in range(count)]
-    with RecordStore(
+    with store_factory(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
         store.register_namespace(NS_A)
@@ -655,7 +667,7 @@ def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path,
         rng = random.Random(5)
         pinned = [key for key in keys if rng.random() < 0.9]
         assert store.pin(NS_A, pinned, "most").pinned_records == len(pinned)
-    with RecordStore(
+    with store_factory(
         root, max_bytes=max_bytes, max_pinned_bytes=max_bytes, durability="none"
     ) as store:
         read = count_directory_entries(monkeypatch)
@@ -670,14 +682,14 @@ def test_eviction_among_nine_pinned_records_in_ten_reads_a_bounded_few(tmp_path,
         assert counters["evictions"] >= 40
         assert counters.get("eviction_misses", 0) == 0  # the sample never offered a pin
         assert most <= 2_000, most
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert all(store.contains(NS_A, key) for key in pinned)
 
 
-def test_verify_fix_drops_the_pins_of_records_removed_by_hand(tmp_path):
+def test_verify_fix_drops_the_pins_of_records_removed_by_hand(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = record_bytes("v-00")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, ["v-00", "v-01"])
         store.pin(NS_A, ["v-00", "v-01"], "doc")
@@ -687,21 +699,23 @@ def test_verify_fix_drops_the_pins_of_records_removed_by_hand(tmp_path):
         assert store.pinned_bytes_by_tenant() == {"tenant-a": size} == pins_truth(root)
 
 
-def test_two_processes_pinning_and_unpinning_shared_records_at_once_stay_exact(tmp_path):
+def test_two_processes_pinning_and_unpinning_shared_records_at_once_stay_exact(
+    store_factory, tmp_path
+):
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         keys = list(fill(store, NS_A, [f"w-{i:02d}" for i in range(12)], raw=1_000))
     processes = [child("pin", root, json.dumps(keys), -1, 40) for _ in range(2)]
     for process in processes:
         out, err = process.communicate(timeout=120)
         assert process.returncode == 0 and "done" in out, err
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert store.pinned_bytes_by_tenant() == pins_truth(root)
         assert state(root)["journal"] is None
 
 
-def test_the_pin_limit_is_among_a_live_servers_settings(tmp_path):
+def test_the_pin_limit_is_among_a_live_servers_settings(store_factory, tmp_path):
     root = str(tmp_path / "store")
-    with RecordStore(root, max_bytes=1000, durability="none") as store:
+    with store_factory(root, max_bytes=1000, durability="none") as store:
         assert [s["max_pinned_bytes"] for s in StoreAdmin(store).live_settings()] == [500]

@@ -20,7 +20,6 @@ from support.records import flip_byte, record_path, store_disk_bytes
 from support.store_helpers import NS_A, content, helper_env, read_line
 from test_pins import NS_B, RAW, fill, pins_truth, record_bytes
 
-from hicache_galahad.store import RecordStore
 from hicache_galahad.store.admin import StoreAdmin
 from hicache_galahad.store.pins import document_id
 
@@ -44,7 +43,7 @@ def temp_names(directory) -> list[str]:
 # ----------------------------------------------------------------------------- item 1
 
 
-def test_planted_hard_links_at_the_pins_temp_names_are_never_written(tmp_path):
+def test_planted_hard_links_at_the_pins_temp_names_are_never_written(store_factory, tmp_path):
     """A hard link to a file outside the root, planted at the temp name the state file and a
     manifest were written through (state.<token>.tmp, manifest.json.<token>.tmp, the token
     being readable in procs/), is never truncated or written: every temp file is created
@@ -52,7 +51,7 @@ def test_planted_hard_links_at_the_pins_temp_names_are_never_written(tmp_path):
     root = str(tmp_path / "store")
     outside = tmp_path / "precious"
     outside.write_bytes(b"outside the root\n")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         for namespace in (NS_A, NS_B):
             store.register_namespace(namespace)
             fill(store, namespace, ["h-00", "h-01"])
@@ -73,11 +72,11 @@ def test_planted_hard_links_at_the_pins_temp_names_are_never_written(tmp_path):
     assert outside.read_bytes() == b"outside the root\n"
 
 
-def test_temp_files_left_by_a_killed_writer_are_removed(tmp_path):
+def test_temp_files_left_by_a_killed_writer_are_removed(store_factory, tmp_path):
     """A process killed between creating a temp file and renaming it leaves one under a
     random name: the next holder of the pins lock removes it."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, ["s-00", "s-01"])
         store.pin(NS_A, ["s-00"], "doc")
@@ -102,13 +101,13 @@ time.sleep(600)
 """
 
 
-def test_a_read_of_a_damaged_pinned_record_never_waits_for_the_pins_lock(tmp_path):
+def test_a_read_of_a_damaged_pinned_record_never_waits_for_the_pins_lock(store_factory, tmp_path):
     """Another process holds pins/lock (as a suspended `warm --pin` does): a read of a
     damaged pinned record quarantines it and returns a miss at once; its pin is dropped
     once the lock is free, and the counts are exact."""
     root = str(tmp_path / "store")
     size = record_bytes("r-00")
-    with RecordStore(root, max_bytes=20 * size, durability="none") as store:
+    with store_factory(root, max_bytes=20 * size, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, ["r-00", "r-01"])
         store.pin(NS_A, ["r-00", "r-01"], "doc")
@@ -186,10 +185,10 @@ VARIANTS = ["inf", "deep", "journal", "huge", "fifo", "symlink"]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-def test_a_hostile_state_file_never_raises_and_is_repaired(tmp_path, variant):
+def test_a_hostile_state_file_never_raises_and_is_repaired(store_factory, tmp_path, variant):
     root = str(tmp_path / "store")
     size = record_bytes("p-00")
-    with RecordStore(root, max_bytes=10 * size, durability="none") as store:
+    with store_factory(root, max_bytes=10 * size, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, [f"p-{i:02d}" for i in range(8)])
         assert store.pin(NS_A, ["p-00", "p-01"], "doc").pinned_records == 2
@@ -221,47 +220,46 @@ def test_a_hostile_state_file_never_raises_and_is_repaired(tmp_path, variant):
     assert json.loads(everything.stdout)["pinned_bytes_by_tenant"] == {} == pins_truth(root)
     if variant == "symlink":
         assert json.loads((tmp_path / "outside-state").read_text()) == OUTSIDE_STATE
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert store.usage_bytes() == store_disk_bytes(root)
 
 
 # ----------------------------------------------------------------------------- item 9
 
 
-def test_the_pin_limit_of_a_live_store_binds_a_process_without_one(tmp_path):
+def test_the_pin_limit_of_a_live_store_binds_a_process_without_one(store_factory, tmp_path):
     """A server with max_pinned_bytes is open on the root; a `warm --pin` process that could
     not read the server's configuration (no limit of its own) pins within the server's
     limit, and after the server is gone, within the last limit applied on the root."""
     root = str(tmp_path / "store")
     size = record_bytes("l-00")
     keys = [f"l-{i:02d}" for i in range(8)]
-    server = RecordStore(root, max_bytes=20 * size, max_pinned_bytes=3 * size)
-    try:
+    with store_factory(root, max_bytes=20 * size, max_pinned_bytes=3 * size) as server:
         server.register_namespace(NS_A)
         fill(server, NS_A, keys)
-        with RecordStore(root, durability="none") as warm:
+        with store_factory(root, durability="none") as warm:
             result = warm.pin(NS_A, keys[:5], "doc")
             assert result.pinned_records == 3 and len(result.refused_keys) == 2
             assert warm.pinned_bytes_by_tenant() == {"tenant-a": 3 * size}
-    finally:
-        server.close()
-    with RecordStore(root, durability="none") as warm:
+    with store_factory(root, durability="none") as warm:
         assert warm.pin(NS_A, keys[5:], "other").refused_keys == keys[5:]
         assert warm.pinned_bytes_by_tenant() == {"tenant-a": 3 * size} == pins_truth(root)
-    with RecordStore(root, max_pinned_bytes=5 * size, durability="none") as raised:
+    with store_factory(root, max_pinned_bytes=5 * size, durability="none") as raised:
         assert raised.pin(NS_A, keys[5:], "other").pinned_records == 2  # its own limit
 
 
 # ----------------------------------------------------------------------------- item 10
 
 
-def test_purging_a_tenants_pinned_records_drops_their_pins_in_batches(tmp_path, monkeypatch):
+def test_purging_a_tenants_pinned_records_drops_their_pins_in_batches(
+    store_factory, tmp_path, monkeypatch
+):
     """Each pin drop was its own locked, journaled change (two replacements of pins/state
     per record): a purge by tenant drops them in one locked change per batch."""
     root = str(tmp_path / "store")
     count = 600
     keys = [f"b-{i:04d}" for i in range(count)]
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         fill(store, NS_A, keys, raw=64)
         assert store.pin(NS_A, keys, "doc").pinned_records == count
@@ -275,7 +273,7 @@ def test_purging_a_tenants_pinned_records_drops_their_pins_in_batches(tmp_path, 
             replaced.append(source)
         return real_rename(source, target, *args, **kwargs)
 
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         monkeypatch.setattr(os, "rename", rename)
         report = purge(StoreAdmin(store), tenant="tenant-a")
         monkeypatch.undo()

@@ -20,7 +20,6 @@ from support.store_helpers import content
 from hicache_galahad.errors import KeyFileError
 from hicache_galahad.record.crypto import load_master_key
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 from hicache_galahad.store import reader as reader_module
 from hicache_galahad.tier.mooncake.integrity import load_integrity_key
 
@@ -72,11 +71,10 @@ class Calls:
 
 
 @pytest.fixture(params=sorted(MODES))
-def store(request, tmp_path):
+def store(request, store_factory, tmp_path):
     compression, encrypted = MODES[request.param]
     key_file = write_key_file(tmp_path / "master.key") if encrypted else None
-    store = RecordStore(
-        str(tmp_path / "store"),
+    store = store_factory(
         compression=compression,
         encryption_key_file=key_file,
         durability="none",
@@ -84,8 +82,7 @@ def store(request, tmp_path):
     store.register_namespace(NS)
     pages = [content(key, PAGE, compressible=True) for key in KEYS]
     assert all(store.put_many(NS, KEYS, pages))
-    yield store, pages
-    store.close()
+    return store, pages
 
 
 def _open_fds() -> int:
@@ -156,22 +153,20 @@ def test_the_writers_existence_check_costs_one_fstat(store, monkeypatch):
     assert calls.counts == {"open": 6, "preadv": 0, "pread": 6, "fstat": 6}, calls.counts
 
 
-def test_the_flusher_fsyncs_through_the_directory_it_was_handed(tmp_path):
+def test_the_flusher_fsyncs_through_the_directory_it_was_handed(store_factory):
     """Deferred durability: the records of a window are fsynced through a descriptor of the
     directory they were published in, not its path. A directory moved before the flush
     (here: renamed, a decoy directory of the same name holding nothing) still has its
     records fsynced; by path they were not found (0 flushed)."""
-    store = RecordStore(str(tmp_path / "store"), durability="deferred", flush_interval_s=3600)
-    try:
-        store.register_namespace(NS)
-        assert store.put_many(NS, KEYS[:3], [content(key, PAGE) for key in KEYS[:3]])
-        directory = store.layout.namespace_dir(NS.dirname)
-        os.rename(directory, directory + ".moved")
-        os.mkdir(directory)
-        assert store.flusher.flush() == 3
-        assert store.counters.snapshot().get("flush_errors", 0) == 0
-    finally:
-        store.close()
+    # check=False: the records stay in the ".moved" directory, foreign to its name (V11)
+    store = store_factory(check=False, durability="deferred", flush_interval_s=3600)
+    store.register_namespace(NS)
+    assert store.put_many(NS, KEYS[:3], [content(key, PAGE) for key in KEYS[:3]])
+    directory = store.layout.namespace_dir(NS.dirname)
+    os.rename(directory, directory + ".moved")
+    os.mkdir(directory)
+    assert store.flusher.flush() == 3
+    assert store.counters.snapshot().get("flush_errors", 0) == 0
 
 
 @pytest.mark.parametrize("load", [load_master_key, load_integrity_key])
@@ -207,35 +202,31 @@ def test_key_files_behind_a_symbolic_link_and_fifos(tmp_path, load):
         load(str(tmp_path / "fifo"))
 
 
-def test_a_huge_batch_of_cold_pages_never_holds_a_descriptor_each(tmp_path, monkeypatch):
+def test_a_huge_batch_of_cold_pages_never_holds_a_descriptor_each(store_factory, monkeypatch):
     """What the page-cache attempts hand on is bounded (HANDED_ON_MAX, here 2): past it a
     declined record is closed and the full read opens it again; every page is still served
     and every descriptor closed."""
     monkeypatch.setattr(reader_module, "HANDED_ON_MAX", 2)
-    store = RecordStore(str(tmp_path / "store"), durability="none")
-    try:
-        store.register_namespace(NS)
-        pages = [content(key, PAGE) for key in KEYS]
-        assert all(store.put_many(NS, KEYS, pages))
-        fds_before = _open_fds()
-        calls = Calls(monkeypatch, not_cached=True)
-        outs = [bytearray(PAGE) for _ in KEYS]
-        assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
-        assert outs == [bytearray(page) for page in pages]
-        if reader_module.RWF_NOWAIT:
-            assert calls.counts["open"] == 2 + 2 * (len(KEYS) - 2)
-        assert _open_fds() == fds_before
-        slots = store.reader._handed_on
-        assert all(slots.acquire(blocking=False) for _ in range(2))  # every slot given back
-    finally:
-        monkeypatch.undo()
-        store.close()
+    store = store_factory(durability="none")
+    store.register_namespace(NS)
+    pages = [content(key, PAGE) for key in KEYS]
+    assert all(store.put_many(NS, KEYS, pages))
+    fds_before = _open_fds()
+    calls = Calls(monkeypatch, not_cached=True)
+    outs = [bytearray(PAGE) for _ in KEYS]
+    assert store.get_many_into(NS, KEYS, outs) == [True] * len(KEYS)
+    assert outs == [bytearray(page) for page in pages]
+    if reader_module.RWF_NOWAIT:
+        assert calls.counts["open"] == 2 + 2 * (len(KEYS) - 2)
+    assert _open_fds() == fds_before
+    slots = store.reader._handed_on
+    assert all(slots.acquire(blocking=False) for _ in range(2))  # every slot given back
 
 
-def test_a_key_with_no_file_name_fails_only_its_own_put(tmp_path):
+def test_a_key_with_no_file_name_fails_only_its_own_put(store_factory):
     """File names are computed once per put, before the batch: a key that has none (not a
     string) still fails only its own record, never the put."""
-    with RecordStore(str(tmp_path / "store"), durability="none") as store:
+    with store_factory(durability="none") as store:
         store.register_namespace(NS)
         page = content(KEYS[0], PAGE)
         assert store.put_many(NS, [None, KEYS[0]], [page, page]) == [False, True]

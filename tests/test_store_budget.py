@@ -79,13 +79,13 @@ def test_least_recently_used_are_evicted_first(tmp_path, store_factory):
     assert present(store, new) == set(new)
 
 
-def test_recency_survives_a_restart(tmp_path):
+def test_recency_survives_a_restart(store_factory, tmp_path):
     """Reads refresh a record's mtime, which orders eviction after a restart."""
     raw = 10_000
     root = str(tmp_path / "store")
     keys = [f"lru-{i:03d}" for i in range(6)]
     size = record_bytes(keys[0], raw)
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         for key in keys:
             assert store.put(NS_A, key, content(key, raw))
@@ -93,9 +93,9 @@ def test_recency_survives_a_restart(tmp_path):
     for index, key in enumerate(keys):  # written long ago, oldest first
         stamp = now - 10_000 + index * 100
         os.utime(record_path(root, NS_A, key), (stamp, stamp))
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         assert checked_get(store, NS_A, keys[0], content(keys[0], raw))
-    with RecordStore(root, max_bytes=6 * size, durability="none") as store:
+    with store_factory(root, max_bytes=6 * size, durability="none") as store:
         store.register_namespace(NS_A)
         for extra in ("new-000", "new-001"):
             assert store.put(NS_A, extra, content(extra, raw))
@@ -128,13 +128,13 @@ def test_record_larger_than_the_budget_is_refused_without_evicting(tmp_path, sto
     assert present(store, keys) == set()
 
 
-def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
+def test_min_free_bytes_evicts_then_fails(store_factory, tmp_path, monkeypatch):
     """A simulated filesystem of `capacity` bytes holding only the store's files."""
     root = str(tmp_path / "store")
     raw = 20_000
     capacity = 400_000
     floor = 150_000
-    with RecordStore(root, min_free_bytes=floor, durability="none") as store:
+    with store_factory(root, min_free_bytes=floor, durability="none") as store:
         store.register_namespace(NS_A)
         monkeypatch.setattr(store.parts, "_free_bytes", lambda: capacity - store_disk_bytes(root))
         keys = [f"floor-{i:03d}" for i in range(30)]
@@ -162,14 +162,14 @@ def test_min_free_bytes_evicts_then_fails(tmp_path, monkeypatch):
         assert StoreAdmin(store).check().clean
 
 
-def test_budget_shared_by_two_processes(tmp_path):
+def test_budget_shared_by_two_processes(store_factory, tmp_path):
     root = str(tmp_path / "store")
     size = 20_000
     per_round = 15
     rounds = 20
     max_bytes = 30 * record_bytes("p0-r0-00", size)
     highest_disk = 0
-    with children() as procs, RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with children() as procs, store_factory(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         child = spawn(
             "budget-writer",
@@ -304,7 +304,7 @@ def test_a_batch_larger_than_the_room_stores_what_fits_in_order(tmp_path, store_
     assert temp_files(root) == []
 
 
-def test_records_removed_behind_the_stores_back_do_not_block_puts(tmp_path):
+def test_records_removed_behind_the_stores_back_do_not_block_puts(store_factory, tmp_path):
     """An operator's `rm` of the records (test_e2e_galahad's eviction test does it) leaves the
     ledger claiming bytes no file holds. The open no longer recounts, so the full budget
     found nothing to evict and refused every put from then on. Now the first put that finds
@@ -312,13 +312,13 @@ def test_records_removed_behind_the_stores_back_do_not_block_puts(tmp_path):
     root = str(tmp_path / "store")
     page_bytes = record_bytes("k0", 4096)
     max_bytes = 4 * page_bytes
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         keys = [f"k{index}" for index in range(4)]
         assert store.put_many(NS_A, keys, [bytes(4096)] * 4) == [True] * 4
     for path in record_files(root):
         os.unlink(path)
-    with RecordStore(root, max_bytes=max_bytes, durability="none") as store:
+    with store_factory(root, max_bytes=max_bytes, durability="none") as store:
         store.register_namespace(NS_A)
         assert store.usage_bytes() == 4 * page_bytes  # the ledger still claims them
         assert store.put(NS_A, "k9", bytes(4096))

@@ -86,8 +86,8 @@ def check_cold_read(store: RecordStore, path: str, index: int, monkeypatch) -> N
     drop_from_page_cache(path)
 
 
-def stored(tmp_path, **options) -> RecordStore:
-    store = RecordStore(str(tmp_path / "s"), durability="fsync", **options)
+def stored(store_factory, tmp_path, **options) -> RecordStore:
+    store = store_factory(tmp_path / "s", durability="fsync", **options)
     store.register_namespace(NS)
     assert all(store.put_many(NS, KEYS, PAGES))
     return store
@@ -101,8 +101,8 @@ class NoThreads:
 
 
 @needs_nowait
-def test_a_warm_record_is_served_on_the_callers_thread(tmp_path, monkeypatch):
-    with stored(tmp_path) as store:
+def test_a_warm_record_is_served_on_the_callers_thread(store_factory, tmp_path, monkeypatch):
+    with stored(store_factory, tmp_path) as store:
         out = bytearray(32768)
         assert store.reader.read_cached_into(NS, KEYS[3], out, os.path.basename(
             record_path(tmp_path / "s", NS, KEYS[3])))  # fmt: skip
@@ -115,8 +115,8 @@ def test_a_warm_record_is_served_on_the_callers_thread(tmp_path, monkeypatch):
 
 
 @needs_nowait
-def test_a_record_not_in_the_page_cache_goes_to_the_full_path(tmp_path, monkeypatch):
-    with stored(tmp_path) as store:
+def test_a_record_not_in_the_page_cache_goes_to_the_full_path(store_factory, tmp_path, monkeypatch):
+    with stored(store_factory, tmp_path) as store:
         path = record_path(tmp_path / "s", NS, KEYS[5])
         check_cold_read(store, path, 5, monkeypatch)
         outs = [bytearray(32768) for _ in KEYS]
@@ -126,8 +126,8 @@ def test_a_record_not_in_the_page_cache_goes_to_the_full_path(tmp_path, monkeypa
         assert stats.counter("hits") == len(KEYS) and stats.counter("misses") == 0
 
 
-def test_a_damaged_warm_record_is_a_miss_and_quarantined(tmp_path):
-    with stored(tmp_path) as store:
+def test_a_damaged_warm_record_is_a_miss_and_quarantined(store_factory, tmp_path):
+    with stored(store_factory, tmp_path) as store:
         path = record_path(tmp_path / "s", NS, KEYS[2])
         flip_byte(path, offset=-100)  # in the payload, still in the page cache
         assert not store.reader.read_cached_into(
@@ -140,8 +140,8 @@ def test_a_damaged_warm_record_is_a_miss_and_quarantined(tmp_path):
         assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 2)
 
 
-def test_missing_and_wrong_size_records_take_the_full_path(tmp_path):
-    with stored(tmp_path) as store:
+def test_missing_and_wrong_size_records_take_the_full_path(store_factory, tmp_path):
+    with stored(store_factory, tmp_path) as store:
         name = os.path.basename(record_path(tmp_path / "s", NS, "absent"))
         assert not store.reader.read_cached_into(NS, "absent", bytearray(32768), name)
         name = os.path.basename(record_path(tmp_path / "s", NS, KEYS[0]))
@@ -151,9 +151,11 @@ def test_missing_and_wrong_size_records_take_the_full_path(tmp_path):
 
 
 @needs_nowait
-def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(tmp_path, monkeypatch):
+def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(
+    store_factory, tmp_path, monkeypatch
+):
     good = write_key_file(tmp_path / "good.key", bytes(range(32)))
-    with stored(tmp_path, encryption_key_file=good) as store:
+    with stored(store_factory, tmp_path, encryption_key_file=good) as store:
         names = [os.path.basename(record_path(tmp_path / "s", NS, key)) for key in KEYS]
         out = bytearray(32768)
         assert store.reader.read_cached_into(NS, KEYS[1], out, names[1]) and out == PAGES[1]
@@ -166,19 +168,21 @@ def test_sealed_records_warm_and_cold_tampered_and_under_a_wrong_key(tmp_path, m
         assert all(outs[index] == PAGES[index] for index in range(len(KEYS)) if index != 6)
         assert store.stats().counter("quarantined") == 1
     wrong = write_key_file(tmp_path / "wrong.key", bytes(range(1, 33)))
-    with RecordStore(str(tmp_path / "s"), encryption_key_file=wrong) as store:
+    with store_factory(tmp_path / "s", encryption_key_file=wrong) as store:
         assert not store.reader.read_cached_into(NS, KEYS[1], bytearray(32768), names[1])
         assert store.get_many_into(NS, KEYS[:2], [bytearray(32768)] * 2) == [False, False]
         assert os.path.exists(record_path(tmp_path / "s", NS, KEYS[1]))  # a wrong key: kept
 
 
 @pytest.mark.parametrize("cached", [True, False])
-def test_a_sealed_page_of_many_pieces_is_written_only_once_its_tag_verifies(tmp_path, cached):
+def test_a_sealed_page_of_many_pieces_is_written_only_once_its_tag_verifies(
+    store_factory, tmp_path, cached
+):
     """A page split over layers (several buffers) is decrypted in a scratch buffer and copied
     into the caller's buffers after the tag verifies: a tampered record leaves them as they
     were, and a sound one fills them exactly, warm or cold."""
     key_file = write_key_file(tmp_path / "k", bytes(range(32)))
-    with stored(tmp_path, encryption_key_file=key_file) as store:
+    with stored(store_factory, tmp_path, encryption_key_file=key_file) as store:
         for index in (2, 3):
             if not cached:
                 drop_from_page_cache(record_path(tmp_path / "s", NS, KEYS[index]))
@@ -193,8 +197,10 @@ def test_a_sealed_page_of_many_pieces_is_written_only_once_its_tag_verifies(tmp_
         assert all(piece == b"\xee" * 4096 for piece in pieces)
 
 
-def test_a_destination_the_cached_path_cannot_use_is_a_miss_not_an_exception(tmp_path):
-    with stored(tmp_path) as store:
+def test_a_destination_the_cached_path_cannot_use_is_a_miss_not_an_exception(
+    store_factory, tmp_path
+):
+    with stored(store_factory, tmp_path) as store:
         assert store.get_many_into(NS, [KEYS[0], KEYS[1]], [object(), bytearray(32768)]) == [
             False,
             True,

@@ -51,7 +51,7 @@ def verify_keyspace(store: RecordStore, space) -> int:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("durability", ["fsync", "deferred"])
-def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
+def test_sigkilled_writer_never_leaves_a_damaged_record(store_factory, tmp_path, durability):
     root = str(tmp_path / "store")
     space = crash_keyspace(KEYS)
     rng = random.Random(20240601)
@@ -65,7 +65,7 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
             # Odd rounds: a store stays open in this process while the writer runs, so the
             # writer is never alone and, after the kill, check(fix=True) must clean up.
             # Even rounds: nothing else is open; the next open is alone and cleans up.
-            resident = RecordStore(root, durability="none") if kill % 2 else None
+            resident = store_factory(root, durability="none") if kill % 2 else None
             writer = spawn("crash-writer", root, "--seed", kill, "--keys", KEYS,
                            "--max-bytes", MAX_BYTES, "--durability", durability)  # fmt: skip
             procs.append(writer)
@@ -90,7 +90,7 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
                 hits_per_kill.append(verify_keyspace(resident, space))
                 resident.close()
             else:
-                with RecordStore(root, durability="none") as fresh:  # alone: cleans after open
+                with store_factory(root, durability="none") as fresh:  # alone: cleans after open
                     # (in the background: open scans none)
                     fresh.accounting.repair.wait_for_sweep(30)
                     assert temp_files(root) == []
@@ -109,7 +109,7 @@ def test_sigkilled_writer_never_leaves_a_damaged_record(tmp_path, durability):
         f"{temps_removed_by_open}, by check(fix=True) {temps_removed_by_check})"
     )
     assert sum(hits_per_kill) > 0 and max(hits_per_kill) >= 10  # the writer really wrote
-    with RecordStore(root) as final:
+    with store_factory(root) as final:
         report = StoreAdmin(final).check()
         assert report.damaged == [] and report.clean, report.as_dict()
         assert report.records == len(record_files(root)) == hits_per_kill[-1]

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import pytest
@@ -52,15 +53,16 @@ class World:
     mode: str
     key_file: str | None
     store: RecordStore
+    open_with: Callable  # conftest's store_factory
     items: dict = field(default_factory=dict)  # key -> bytes put
 
-    def open_store(self, **overrides) -> RecordStore:
+    def open_store(self, *, check: bool = True, **overrides) -> RecordStore:
         options = {
             "compression": MODES[self.mode]["compression"],
             "encryption_key_file": self.key_file,
             "durability": "none",
         }
-        return RecordStore(self.root, **(options | overrides))
+        return self.open_with(self.root, check=check, **(options | overrides))
 
     def path(self, key: str, namespace: Namespace = NS_A) -> str:
         return record_path(self.root, namespace, key)
@@ -75,13 +77,15 @@ class World:
             record.write(data)
 
 
-def make_world(tmp_path, mode: str, count: int = 4, large: bool = False) -> World:
+def make_world(
+    store_factory, tmp_path, mode: str, count: int = 4, large: bool = False, check: bool = True
+) -> World:
     key_file = None
     if MODES[mode]["encrypted"]:
         key_file = write_key_file(tmp_path / "master.key", os.urandom(32))
     root = str(tmp_path / "store")
-    world = World(root, mode, key_file, store=None)
-    world.store = world.open_store()
+    world = World(root, mode, key_file, store=None, open_with=store_factory)
+    world.store = world.open_store(check=check)
     world.store.register_namespace(NS_A)
     world.store.register_namespace(NS_B)
     for index in range(count):
@@ -102,10 +106,8 @@ def mode(request):
 
 
 @pytest.fixture
-def world(tmp_path, mode):
-    built = make_world(tmp_path, mode)
-    yield built
-    built.store.close()
+def world(store_factory, tmp_path, mode):
+    return make_world(store_factory, tmp_path, mode)
 
 
 def counters(store: RecordStore) -> dict:
@@ -434,59 +436,53 @@ LARGE_RECORD_MUTATIONS = {
 
 
 @pytest.mark.parametrize("name", sorted(LARGE_RECORD_MUTATIONS))
-def test_large_record_damage_is_a_miss(tmp_path, mode, name, caplog):
+def test_large_record_damage_is_a_miss(store_factory, tmp_path, mode, name, caplog):
     """A record too big for the single-read path: read and hashed in chunks."""
-    world = make_world(tmp_path, mode, large=True)
-    try:
-        assert len(world.items[item_key(3)]) == LARGE_SIZE
-        mutate = LARGE_RECORD_MUTATIONS[name]
-        for bit in getattr(mutate, "bits", (None,)):
-            extra = () if bit is None else (bit,)
-            run_mutation(world, mutate, caplog, *extra, target_index=3)
-    finally:
-        world.store.close()
+    world = make_world(store_factory, tmp_path, mode, large=True)
+    assert len(world.items[item_key(3)]) == LARGE_SIZE
+    mutate = LARGE_RECORD_MUTATIONS[name]
+    for bit in getattr(mutate, "bits", (None,)):
+        extra = () if bit is None else (bit,)
+        run_mutation(world, mutate, caplog, *extra, target_index=3)
 
 
 @pytest.mark.parametrize("mode", sorted(MODES))
-def test_all_damage_at_once_fixed_by_check_before_any_read(tmp_path, mode):
+def test_all_damage_at_once_fixed_by_check_before_any_read(store_factory, tmp_path, mode):
     """Every mutation on its own records, then check(fix=True) with no read in between:
     check alone finds and quarantines all of it, and the store serves nothing wrong."""
     mutations = {**{f"trunc-{k}": v for k, v in TRUNCATIONS.items()}, **OTHER_MUTATIONS}
     if MODES[mode]["encrypted"]:
         mutations |= TAG_MUTATIONS
-    world = make_world(tmp_path, mode, count=2 * len(mutations))
-    try:
-        expected_damaged = []
-        expected_strays = []
-        affected = set()
-        for index, (_name, mutate) in enumerate(sorted(mutations.items())):
-            target, other = item_key(2 * index + 1), item_key(2 * index)
-            args = (7,) if hasattr(mutate, "bits") else ()
-            expect = mutate(world, target, other, *args)
-            expected_damaged += expect.damaged_paths
-            expected_strays += expect.stray_temps
-            affected |= set(expect.affected)
-        report = StoreAdmin(world.store).check(fix=True)
-        assert sorted(p for p, _ in report.damaged) == sorted(expected_damaged)
-        assert sorted(report.stray_temp_files) == sorted(expected_strays)
-        # Quarantine keeps only the newest few damaged files; the ledger counts what stays.
-        assert len(quarantine_files(world.root)) == report.quarantined_files
-        after = StoreAdmin(world.store).check()
-        assert after.clean, after.as_dict()
-        assert after.damaged == []
-        outs = [bytearray(len(data)) for data in world.items.values()]
-        results = world.store.get_many_into(NS_A, list(world.items), outs)
-        for ok, out, data in zip(results, outs, world.items.values(), strict=True):
-            assert not ok or bytes(out) == data
-        assert results == [key not in affected for key in world.items]
-        snapshot = world.store.counters.snapshot()
-        assert snapshot["corrupt"] == snapshot["foreign"] == 0  # check took them all
-        assert world.store.put_many(NS_A, list(world.items), list(world.items.values()))
-        for key, data in world.items.items():
-            assert checked_get(world.store, NS_A, key, data)
-        assert StoreAdmin(world.store).check().clean
-    finally:
-        world.store.close()
+    world = make_world(store_factory, tmp_path, mode, count=2 * len(mutations))
+    expected_damaged = []
+    expected_strays = []
+    affected = set()
+    for index, (_name, mutate) in enumerate(sorted(mutations.items())):
+        target, other = item_key(2 * index + 1), item_key(2 * index)
+        args = (7,) if hasattr(mutate, "bits") else ()
+        expect = mutate(world, target, other, *args)
+        expected_damaged += expect.damaged_paths
+        expected_strays += expect.stray_temps
+        affected |= set(expect.affected)
+    report = StoreAdmin(world.store).check(fix=True)
+    assert sorted(p for p, _ in report.damaged) == sorted(expected_damaged)
+    assert sorted(report.stray_temp_files) == sorted(expected_strays)
+    # Quarantine keeps only the newest few damaged files; the ledger counts what stays.
+    assert len(quarantine_files(world.root)) == report.quarantined_files
+    after = StoreAdmin(world.store).check()
+    assert after.clean, after.as_dict()
+    assert after.damaged == []
+    outs = [bytearray(len(data)) for data in world.items.values()]
+    results = world.store.get_many_into(NS_A, list(world.items), outs)
+    for ok, out, data in zip(results, outs, world.items.values(), strict=True):
+        assert not ok or bytes(out) == data
+    assert results == [key not in affected for key in world.items]
+    snapshot = world.store.counters.snapshot()
+    assert snapshot["corrupt"] == snapshot["foreign"] == 0  # check took them all
+    assert world.store.put_many(NS_A, list(world.items), list(world.items.values()))
+    for key, data in world.items.items():
+        assert checked_get(world.store, NS_A, key, data)
+    assert StoreAdmin(world.store).check().clean
 
 
 # ----------------------------------------------------------------------------- re-puts
@@ -541,8 +537,8 @@ def test_reput_right_after_payload_damage_stores_a_good_record(world):
 # ----------------------------------------------------------------------------- encryption
 
 
-def test_wrong_key_gives_misses_never_garbage(tmp_path, caplog):
-    world = make_world(tmp_path, "aes-zstd")
+def test_wrong_key_gives_misses_never_garbage(store_factory, tmp_path, caplog):
+    world = make_world(store_factory, tmp_path, "aes-zstd")
     world.store.close()
     other_key = write_key_file(tmp_path / "other.key", os.urandom(32))
     with (
@@ -557,10 +553,11 @@ def test_wrong_key_gives_misses_never_garbage(tmp_path, caplog):
         assert "failed V14 " in caplog.text
 
 
-def test_other_tenant_key_cannot_open_a_record_moved_across_tenants(tmp_path):
+def test_other_tenant_key_cannot_open_a_record_moved_across_tenants(store_factory, tmp_path):
     """A record copied from tenant A's namespace into tenant B's directory is foreign (its
     namespace echo) and could not be opened anyway (per-tenant key)."""
-    world = make_world(tmp_path, "aes")
+    # check=False: the copy came in behind the store's back, so the ledger never counted it
+    world = make_world(store_factory, tmp_path, "aes", check=False)
     ns_t2 = Namespace("tenant-b", NS_A.model_fingerprint, NS_A.pool, NS_A.geometry)
     world.store.register_namespace(ns_t2)
     key = item_key(0)
@@ -568,15 +565,15 @@ def test_other_tenant_key_cannot_open_a_record_moved_across_tenants(tmp_path):
     assert not checked_get(world.store, ns_t2, key, world.items[key])
     assert counters(world.store)["foreign"] == 1
     assert checked_get(world.store, NS_A, key, world.items[key])
-    world.store.close()
 
 
-def test_encrypted_store_refuses_plaintext_records(tmp_path, caplog):
-    world = make_world(tmp_path, "plain")
+def test_encrypted_store_refuses_plaintext_records(store_factory, tmp_path, caplog):
+    world = make_world(store_factory, tmp_path, "plain")
     world.store.close()
     key_file = write_key_file(tmp_path / "master.key", os.urandom(32))
     with (
-        world.open_store(encryption_key_file=key_file) as sealed,
+        # check=False: plaintext and sealed records left side by side; no one key checks both
+        world.open_store(check=False, encryption_key_file=key_file) as sealed,
         caplog.at_level(logging.WARNING, logger="hicache_galahad.store"),
     ):
         for key, data in world.items.items():
@@ -590,8 +587,8 @@ def test_encrypted_store_refuses_plaintext_records(tmp_path, caplog):
         assert checked_get(sealed, NS_A, key, data)
 
 
-def test_plaintext_store_cannot_read_encrypted_records(tmp_path, caplog):
-    world = make_world(tmp_path, "aes")
+def test_plaintext_store_cannot_read_encrypted_records(store_factory, tmp_path, caplog):
+    world = make_world(store_factory, tmp_path, "aes")
     world.store.close()
     with world.open_store(encryption_key_file=None) as plain:
         report = StoreAdmin(plain).check()
@@ -628,10 +625,10 @@ def test_key_file_missing_or_not_a_file_is_refused(tmp_path):
         RecordStore(str(tmp_path / "store"), encryption_key_file=str(directory))
 
 
-def test_owner_only_key_file_is_accepted(tmp_path):
+def test_owner_only_key_file_is_accepted(store_factory, tmp_path):
     for file_mode in (0o600, 0o400):
         key_file = write_key_file(tmp_path / f"key-{file_mode:o}", os.urandom(32), file_mode)
-        with RecordStore(str(tmp_path / "store"), encryption_key_file=key_file) as store:
+        with store_factory(encryption_key_file=key_file) as store:
             store.register_namespace(NS_A)
             assert store.put(NS_A, "k", b"x" * 100)
             assert checked_get(store, NS_A, "k", b"x" * 100)
@@ -641,15 +638,15 @@ def test_owner_only_key_file_is_accepted(tmp_path):
 # ----------------------------------------------------------------------------- temp files
 
 
-def test_live_writers_temp_files_are_kept_dead_writers_removed(tmp_path):
+def test_live_writers_temp_files_are_kept_dead_writers_removed(store_factory, tmp_path):
     """check(fix=True) removes only temp files whose writer is gone: a writer is the store
     token in the name, alive while that store holds its lock."""
     root = str(tmp_path / "store")
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         assert store.put(NS_A, "k", b"k" * 1000)
         directory = os.path.dirname(record_path(root, NS_A, "k"))
-        with RecordStore(root, durability="none") as writer:  # a live writer on the root
+        with store_factory(root, durability="none") as writer:  # a live writer on the root
             token = writer.accounting.token
             live = os.path.join(directory, f".tmp-{token}-00000000-{record_filename('x')}")
             dead = os.path.join(directory, f".tmp-{'f' * 16}-11111111-{record_filename('y')}")
@@ -661,7 +658,7 @@ def test_live_writers_temp_files_are_kept_dead_writers_removed(tmp_path):
             assert os.path.exists(live) and not os.path.exists(dead)
             assert StoreAdmin(store).check().clean
             # A store opened while the writer is open must not remove its file.
-            with RecordStore(root, durability="none") as second:
+            with store_factory(root, durability="none") as second:
                 assert second.counters.snapshot()["stale_temp_removed"] == 0
             assert os.path.exists(live)
         if os.path.exists(live):  # the writer gone: its file is stray

@@ -10,7 +10,6 @@ from support.records import ns_dir, record_path, write_key_file
 from support.store_helpers import NS_A, checked_get, content
 
 from hicache_galahad.record.namespace import Namespace
-from hicache_galahad.store import RecordStore
 from hicache_galahad.store.admin import StoreAdmin
 
 VARIANTS = {
@@ -31,14 +30,16 @@ VARIANTS = {
 
 @pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "aes"])
 @pytest.mark.parametrize("differs_in", sorted(VARIANTS))
-def test_records_of_one_namespace_are_misses_in_another(tmp_path, differs_in, encrypted):
+def test_records_of_one_namespace_are_misses_in_another(
+    store_factory, tmp_path, differs_in, encrypted
+):
     ns_b = VARIANTS[differs_in]
     assert ns_b.dirname != NS_A.dirname and ns_b.digest != NS_A.digest
     key_file = write_key_file(tmp_path / "key", os.urandom(32)) if encrypted else None
     root = str(tmp_path / "store")
     keys = [f"iso-{index}" for index in range(6)]
     datas = {key: content(key, 4096 + index) for index, key in enumerate(keys)}
-    with RecordStore(root, encryption_key_file=key_file, durability="none") as store:
+    with store_factory(root, encryption_key_file=key_file, durability="none") as store:
         store.register_namespace(NS_A)
         store.register_namespace(ns_b)
         assert store.put_many(NS_A, keys, list(datas.values())) == [True] * len(keys)
@@ -71,10 +72,10 @@ def test_records_of_one_namespace_are_misses_in_another(tmp_path, differs_in, en
         assert report.clean and report.records == len(keys), report.as_dict()
 
 
-def test_check_flags_a_record_copied_into_another_namespace(tmp_path):
+def test_check_flags_a_record_copied_into_another_namespace(store_factory, tmp_path):
     root = str(tmp_path / "store")
     ns_b = VARIANTS["pool"]
-    with RecordStore(root, durability="none") as store:
+    with store_factory(root, durability="none") as store:
         store.register_namespace(NS_A)
         store.register_namespace(ns_b)
         assert store.put(NS_A, "k", b"a" * 100)

@@ -161,13 +161,14 @@ class Paths:
 
 
 @pytest.fixture(params=sorted(MODES))
-def world(request, tmp_path):
+def world(request, store_factory, tmp_path):
     compression, encrypted = MODES[request.param]
     key_file = write_key_file(tmp_path / "master.key") if encrypted else None
 
-    def open_store(root, key=key_file):
-        store = RecordStore(
-            str(tmp_path / root),
+    def open_store(root, key=key_file, check=True):
+        store = store_factory(
+            tmp_path / root,
+            check=check,
             compression=compression,
             encryption_key_file=key,
             durability="none",
@@ -176,12 +177,14 @@ def world(request, tmp_path):
         store.register_namespace(NS_OTHER)
         return store
 
-    store = open_store("store")
+    # check=False: the tests write records, damaged ones among them, behind the store's back
+    store = open_store("store", check=False)
     page = content(KEY, PAGE, compressible=True)
     assert store.put(NS, KEY, page)
     assert store.put(NS, OTHER_KEY, content(OTHER_KEY, PAGE, compressible=True))
     assert store.put(NS_OTHER, KEY, page)
-    other_size = open_store("other-size")  # a sound record of KEY, of half a page
+    # a sound record of KEY, of half a page: V16 to the check (the geometry names page_bytes)
+    other_size = open_store("other-size", check=False)
     assert other_size.put(NS, KEY, content(KEY, PAGE // 2, compressible=True))
     small = _read(other_size, NS, KEY)
     other_size.close()
@@ -193,8 +196,7 @@ def world(request, tmp_path):
         plain_store.close()
     sound = _read(store, NS, KEY)
     items = corpus(sound, _read(store, NS, OTHER_KEY), _read(store, NS_OTHER, KEY), plain, small)
-    yield store, page, items
-    store.close()
+    return store, page, items
 
 
 def _read(store, namespace, key) -> bytes:
@@ -274,12 +276,12 @@ def test_verify_reads_a_record_of_a_page_in_one_read(world, monkeypatch):
         assert (calls["pread"] == 1) is whole, (limit, calls)
 
 
-def test_verify_is_silent(tmp_path):
+def test_verify_is_silent(store_factory):
     """RecordStore.verify (the hybrid trailing-state check) checks a record in full but is not
     a use of it: no get, hit or miss is counted and its time of last use stays as it was.
     Damage it finds is still counted and quarantined. Before: every verify counted a get (and
     a hit or a miss) and set the record's time of last use."""
-    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store = store_factory(durability="none")
     store.register_namespace(NS)
     assert store.put(NS, KEY, content(KEY, PAGE))
     path = os.path.join(store.layout.namespace_dir(NS.dirname), record_filename(KEY))
@@ -299,12 +301,14 @@ def test_verify_is_silent(tmp_path):
     store.close()
 
 
-def test_a_bug_in_the_page_cache_path_is_counted_and_the_record_still_served(tmp_path, monkeypatch):
+def test_a_bug_in_the_page_cache_path_is_counted_and_the_record_still_served(
+    store_factory, monkeypatch
+):
     """The page-cache path declines what it cannot serve; an exception from it is a bug
     (injected: one cannot be made on purpose). It used to be swallowed without a count, so a
     broken fast path would have sent every page to the threads unseen. Now it is counted in
     unexpected_errors and the record is still served by the full path."""
-    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store = store_factory(durability="none")
     store.register_namespace(NS)
     page = content(KEY, PAGE)
     assert store.put(NS, KEY, page)
@@ -319,14 +323,14 @@ def test_a_bug_in_the_page_cache_path_is_counted_and_the_record_still_served(tmp
     store.close()
 
 
-def test_check_with_threads_gives_the_same_report(tmp_path):
+def test_check_with_threads_gives_the_same_report(store_factory):
     """`galahad verify` with threads checks a small record whose bytes are in the page cache
     on its own thread (RWF_NOWAIT) and hands the others to the pool: the report is the one
     a single thread makes, damage and all, whichever way each record went. Records here are
     of two sizes with the whole-read limit between them (the larger always go to the pool),
     and some are dropped from the page cache (posix_fadvise, where the kernel honours it)."""
     namespace = Namespace("tenant-a", "model-fp-1", "kv-sizes", {"layers": 2})
-    store = RecordStore(str(tmp_path / "store"), durability="none")
+    store = store_factory(check=False, durability="none")  # check=False: damage left to report
     store.register_namespace(namespace)
     keys = [f"{index:064x}" for index in range(300)]
     sizes = [4096 if index % 3 else 65_536 for index in range(300)]

@@ -158,6 +158,7 @@ class LedgerFile:
             state = LedgerState()
             if self.recount is not None:
                 self._set_from_disk(state, self.recount())
+                state.rewrite = True  # written back even by a section that changes nothing
             else:
                 self.needs_rebuild = True
         return state
