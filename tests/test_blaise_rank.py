@@ -482,6 +482,16 @@ def test_units_of_time_and_of_two_words():
             "Boats on the Nobramtan Canal pass 76 locks on the way.",
             "The Nobramtan Canal winds through the country for 40 miles.",
         ),
+        (  # blaise-4 (gen4): a unit of length states a size (a speed does not)
+            "How big was the airship Zinnathtou lengthwise?",
+            "The airship Zinnathtou measured 231 yards from nose to tail.",
+            "The gas cells of the airship Zinnathtou held 154,000 cubic metres of hydrogen.",
+        ),
+        (
+            "What was the size of the airship Feamkais fore to aft?",
+            "The airship Feamkais measured 254 yards from nose to tail.",
+            "The airship Feamkais cruised at 88 kilometres per hour.",
+        ),
     ],
 )
 def test_the_same_entitys_other_attribute_loses(question, fact, decoy):

@@ -132,13 +132,20 @@ def holds_measure(sentence: str, attribute: str) -> bool:
 def measured(sentence: str) -> dict[str, float]:
     """attribute -> evidence for what the units after the numbers of `sentence` measure (a
     unit of several attributes shares its weight among them: "4,200 pounds" is money or
-    weight; "102 kilometres per hour" is a speed)."""
+    weight; "102 kilometres per hour" is a speed). A unit of a dimension (DIMENSIONS) states
+    a size as well, sharing the weight: "173 yards" answers "how big ... lengthwise"."""
     found: dict[str, float] = {}
     for match in _TALLIED.finditer(sentence):
         units = _unit_at(sentence, match)
+        if DIMENSIONS.intersection(units) and "size" not in units:
+            units = [*units, "size"]
         for attribute in units:
             found[attribute] = max(found.get(attribute, 0.0), 1.0 / len(units))
     return found
+
+
+# the dimensions of a thing's size (Li and Roth's *size* class; WordNet's dimensions)
+DIMENSIONS = frozenset(("length", "height", "width", "depth", "area", "distance"))
 
 
 def holds_amount(sentence: str) -> bool:
