@@ -492,6 +492,21 @@ def test_units_of_time_and_of_two_words():
             "The airship Feamkais measured 254 yards from nose to tail.",
             "The airship Feamkais cruised at 88 kilometres per hour.",
         ),
+        (  # a count states a number; the agreement is a share of what is asked, not capped
+            "How much wine does the Zaitor estate make each season?",
+            "The Zaitor estate sells 139,000 bottles annually.",
+            "The vineyards of the Zaitor estate extend across 6 hectares.",
+        ),
+        (
+            "What is the weight of the Mourkga clock?",
+            "Hoisting the Mourkga clock meant lifting 5,200 pounds.",
+            "The dial of the Mourkga clock is 68 inches across.",
+        ),
+        (
+            "How much time did the Dimgumrol expedition take?",
+            "The members of the Dimgumrol expedition spent 228 days away.",
+            "The roll of the Dimgumrol expedition listed 56 members.",
+        ),
     ],
 )
 def test_the_same_entitys_other_attribute_loses(question, fact, decoy):

@@ -192,8 +192,11 @@ _MONEY_AT = re.compile(r"\s*(dollars?|euros?|pounds?|francs?|marks?|crowns?|yen)
 
 
 def agreement(asked: dict[str, float], stated: dict[str, float]) -> float:
-    """How far a sentence states what a question asks (0..1)."""
-    return min(1.0, sum(min(1.0, w) * min(1.0, stated.get(a, 0.0)) for a, w in asked.items()))
+    """How far a sentence states what a question asks (0..1): the asked attributes' weights
+    (each at most 1) that the sentence states, over their sum when that is more than 1 (a
+    sentence stating one of two attributes asked is not as good as one stating both)."""
+    total = sum(min(1.0, w) * min(1.0, stated.get(a, 0.0)) for a, w in asked.items())
+    return total / max(1.0, sum(min(1.0, w) for w in asked.values()))
 
 
 def answer_type(asked: dict[str, float]) -> AnswerType | None:

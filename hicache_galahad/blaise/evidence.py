@@ -98,4 +98,6 @@ def agreement(sentence: str, question: Asked, analyzer: Analyzer, params) -> flo
     if params.units:  # what its numbers' units measure, read as a unit ("kilometres per hour")
         for attribute, weight in attributes.measured(sentence).items():
             stated[attribute] = max(stated.get(attribute, 0.0), weight)
+    if attributes.holds_tally(sentence):  # a count states a number ("139,000 bottles")
+        stated["number"] = 1.0
     return attributes.agreement(question.attributes, stated)
