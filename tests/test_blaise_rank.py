@@ -502,6 +502,12 @@ def test_units_of_time_and_of_two_words():
             "Hoisting the Mourkga clock meant lifting 5,200 pounds.",
             "The dial of the Mourkga clock is 68 inches across.",
         ),
+        (  # volume (WordNet's noun.quantity synset) is an attribute; the head noun of "the
+            # capacity of the envelope" names the answer type, not the envelope (a distance)
+            "What was the capacity of the envelope of the airship Grearkel?",
+            "The gas cells of the airship Grearkel held 163,000 cubic metres of hydrogen.",
+            "The airship Grearkel cruised at 128 kilometres per hour.",
+        ),
         (
             "How much time did the Dimgumrol expedition take?",
             "The members of the Dimgumrol expedition spent 228 days away.",

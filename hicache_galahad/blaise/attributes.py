@@ -34,6 +34,7 @@ ANSWER_TYPES = {
     "temperature": AnswerType.COUNT,
     "age": AnswerType.YEAR,
     "duration": AnswerType.DURATION,
+    "volume": AnswerType.COUNT,
 }
 
 
