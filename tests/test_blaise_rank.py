@@ -261,6 +261,15 @@ def test_a_unit_states_the_attribute_it_measures():
 
     assert UNITS["kilogram"] == ["weight"] and "area" in UNITS["hectare"]
     assert UNITS["degree_celsius"] == ["temperature"]
+    assert UNITS["cubic_metre"] == ["volume"]  # blaise-4: volume is the fifteenth attribute
+    from hicache_galahad.blaise.attributes import ANSWER_TYPES, measured
+    from hicache_galahad.blaise.attributes_data import ATTRIBUTES
+
+    assert set(ATTRIBUTES) == set(ANSWER_TYPES) and "capacity" in ATTRIBUTES["volume"]
+    # a dimension's unit states a size as well, sharing its weight
+    assert measured("The dial is 68 inches across.") == dict.fromkeys(
+        ("age", "area", "length", "size"), 0.25
+    )
     weight = "The Vupim bell comes to 3,686 kilograms of bronze."
     count = "The Vupim bell rang 1,741 times."
     question = "How heavy is the Vupim bell?"
