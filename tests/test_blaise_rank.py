@@ -261,6 +261,15 @@ def test_a_unit_states_the_attribute_it_measures():
 
     assert UNITS["kilogram"] == ["weight"] and "area" in UNITS["hectare"]
     assert UNITS["degree_celsius"] == ["temperature"]
+    assert UNITS["cubic_metre"] == ["volume"]  # blaise-4: volume is the fifteenth attribute
+    from hicache_galahad.blaise.attributes import ANSWER_TYPES, measured
+    from hicache_galahad.blaise.attributes_data import ATTRIBUTES
+
+    assert set(ATTRIBUTES) == set(ANSWER_TYPES) and "capacity" in ATTRIBUTES["volume"]
+    # a dimension's unit states a size as well, sharing its weight
+    assert measured("The dial is 68 inches across.") == dict.fromkeys(
+        ("age", "area", "length", "size"), 0.25
+    )
     weight = "The Vupim bell comes to 3,686 kilograms of bronze."
     count = "The Vupim bell rang 1,741 times."
     question = "How heavy is the Vupim bell?"
@@ -481,6 +490,37 @@ def test_units_of_time_and_of_two_words():
             "What number of gates lift craft on the Nobramtan Canal?",
             "Boats on the Nobramtan Canal pass 76 locks on the way.",
             "The Nobramtan Canal winds through the country for 40 miles.",
+        ),
+        (  # blaise-4 (gen4): a unit of length states a size (a speed does not)
+            "How big was the airship Zinnathtou lengthwise?",
+            "The airship Zinnathtou measured 231 yards from nose to tail.",
+            "The gas cells of the airship Zinnathtou held 154,000 cubic metres of hydrogen.",
+        ),
+        (
+            "What was the size of the airship Feamkais fore to aft?",
+            "The airship Feamkais measured 254 yards from nose to tail.",
+            "The airship Feamkais cruised at 88 kilometres per hour.",
+        ),
+        (  # a count states a number; the agreement is a share of what is asked, not capped
+            "How much wine does the Zaitor estate make each season?",
+            "The Zaitor estate sells 139,000 bottles annually.",
+            "The vineyards of the Zaitor estate extend across 6 hectares.",
+        ),
+        (
+            "What is the weight of the Mourkga clock?",
+            "Hoisting the Mourkga clock meant lifting 5,200 pounds.",
+            "The dial of the Mourkga clock is 68 inches across.",
+        ),
+        (  # volume (WordNet's noun.quantity synset) is an attribute; the head noun of "the
+            # capacity of the envelope" names the answer type, not the envelope (a distance)
+            "What was the capacity of the envelope of the airship Grearkel?",
+            "The gas cells of the airship Grearkel held 163,000 cubic metres of hydrogen.",
+            "The airship Grearkel cruised at 128 kilometres per hour.",
+        ),
+        (
+            "How much time did the Dimgumrol expedition take?",
+            "The members of the Dimgumrol expedition spent 228 days away.",
+            "The roll of the Dimgumrol expedition listed 56 members.",
         ),
     ],
 )

@@ -10,7 +10,9 @@ reads the generated module.
 The inventory is fixed by the numeric answer classes of Li and Roth's question taxonomy
 (COLING 2002: count, money, distance, size, weight, speed, temperature, period), each taken as
 the WordNet noun.attribute synset of that name, with distance split into WordNet's own
-dimensions (length, height, width, depth, area). For each attribute the lexicon holds, with
+dimensions (length, height, width, depth, area), and volume (blaise-4: Li and Roth file it
+under size; WordNet's *volume* is a noun.quantity synset, with *capacity, content* under it,
+and its units are the volume units). For each attribute the lexicon holds, with
 weight 1: the lemmas of the synset and of its hyponyms, the adjectives WordNet links to it as
 its values (the `=` pointer, e.g. height -> high, low) and their similar adjectives, the words
 derived from it (`+`) and, for a derived verb, the lemmas of its verb hyponyms (troponyms:
@@ -66,6 +68,7 @@ INVENTORY = {
     "temperature": ("05011790", "temperature"),
     "age": ("04924103", "age"),
     "duration": ("05051249", "duration"),
+    "volume": ("13779032", "volume"),
 }
 POS_FILES = {
     "n": ("data.noun", "data.noun1", "data.noun2"),

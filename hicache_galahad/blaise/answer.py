@@ -180,6 +180,12 @@ def _head_noun_type(question: str) -> AnswerType | None:
     return None
 
 
+def head_noun(question: str) -> str | None:
+    """The head noun of "what is the ... <noun> of" (None when the question has none)."""
+    match = _ASKED_PHRASE.search(question)
+    return match.group(2) if match else None
+
+
 def asks_group_size(question: str) -> bool:
     """Whether a what/which question names a group ("What is the turnout at ...?"): without
     another cue, it asks for the group's size, a count of its members."""

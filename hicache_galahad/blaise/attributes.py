@@ -34,6 +34,7 @@ ANSWER_TYPES = {
     "temperature": AnswerType.COUNT,
     "age": AnswerType.YEAR,
     "duration": AnswerType.DURATION,
+    "volume": AnswerType.COUNT,
 }
 
 
@@ -132,13 +133,20 @@ def holds_measure(sentence: str, attribute: str) -> bool:
 def measured(sentence: str) -> dict[str, float]:
     """attribute -> evidence for what the units after the numbers of `sentence` measure (a
     unit of several attributes shares its weight among them: "4,200 pounds" is money or
-    weight; "102 kilometres per hour" is a speed)."""
+    weight; "102 kilometres per hour" is a speed). A unit of a dimension (DIMENSIONS) states
+    a size as well, sharing the weight: "173 yards" answers "how big ... lengthwise"."""
     found: dict[str, float] = {}
     for match in _TALLIED.finditer(sentence):
         units = _unit_at(sentence, match)
+        if DIMENSIONS.intersection(units) and "size" not in units:
+            units = [*units, "size"]
         for attribute in units:
             found[attribute] = max(found.get(attribute, 0.0), 1.0 / len(units))
     return found
+
+
+# the dimensions of a thing's size (Li and Roth's *size* class; WordNet's dimensions)
+DIMENSIONS = frozenset(("length", "height", "width", "depth", "area", "distance"))
 
 
 def holds_amount(sentence: str) -> bool:
@@ -185,8 +193,11 @@ _MONEY_AT = re.compile(r"\s*(dollars?|euros?|pounds?|francs?|marks?|crowns?|yen)
 
 
 def agreement(asked: dict[str, float], stated: dict[str, float]) -> float:
-    """How far a sentence states what a question asks (0..1)."""
-    return min(1.0, sum(min(1.0, w) * min(1.0, stated.get(a, 0.0)) for a, w in asked.items()))
+    """How far a sentence states what a question asks (0..1): the asked attributes' weights
+    (each at most 1) that the sentence states, over their sum when that is more than 1 (a
+    sentence stating one of two attributes asked is not as good as one stating both)."""
+    total = sum(min(1.0, w) * min(1.0, stated.get(a, 0.0)) for a, w in asked.items())
+    return total / max(1.0, sum(min(1.0, w) for w in asked.values()))
 
 
 def answer_type(asked: dict[str, float]) -> AnswerType | None:

@@ -42,14 +42,19 @@ def asked(question: str, analyzer: Analyzer, params, subject_terms=frozenset()) 
     """What `question` asks for: the kind of value its wh-phrase names, and, unless that is
     a person, a place or a date, the attributes its common words other than `subject_terms`
     (stems that name what it is about) name. A question without a wh-type takes its answer
-    type from its strongest attribute, else, naming a group, asks for the group's size."""
+    type from the strongest attribute of its head noun ("the capacity of the envelope": a
+    volume, not the envelope's distance), else from its strongest attribute, else, naming a
+    group, asks for the group's size."""
     wanted = answer.question_type(question)
     named: dict[str, float] = {}
     if params.attribute_weight and wanted not in _NOT_ATTRIBUTES:
         lexicon = attributes.lexicon(analyse_many, params.units, params.glossed)
         common = analyzer.terms(common_words(question))
         named = lexicon.attributes(term for term in common if term not in subject_terms)
-        wanted = wanted or attributes.answer_type(named)
+        if wanted is None:
+            head = answer.head_noun(question)
+            headed = lexicon.attributes(analyzer.terms(head)) if head else {}
+            wanted = attributes.answer_type(headed or named)
     if wanted is None and answer.asks_group_size(question):
         wanted = AnswerType.TALLY
     persons = answer.counts_persons(question) if wanted is AnswerType.TALLY else None
@@ -98,4 +103,6 @@ def agreement(sentence: str, question: Asked, analyzer: Analyzer, params) -> flo
     if params.units:  # what its numbers' units measure, read as a unit ("kilometres per hour")
         for attribute, weight in attributes.measured(sentence).items():
             stated[attribute] = max(stated.get(attribute, 0.0), weight)
+    if attributes.holds_tally(sentence):  # a count states a number ("139,000 bottles")
+        stated["number"] = 1.0
     return attributes.agreement(question.attributes, stated)
