@@ -28,6 +28,7 @@ from collections.abc import Callable, Iterable
 
 from ...errors import ConfigError, PinsDirError
 from ...record.namespace import Namespace
+from ..context import StoreContext
 from . import queries
 from .limits import PinLimits
 from .pin import PinResult, pin
@@ -43,19 +44,18 @@ class Pins:
 
     def __init__(
         self,
-        layout,
+        context: StoreContext,
         ledger,
         *,
         token: str,
-        max_pinned_bytes: int | None,
-        durable: bool,
-        read_only: bool,
-        counters=None,
         live_limits: Callable[[], Iterable] = tuple,
     ):
-        self.root = PinsRoot(layout, ledger, token, durable, read_only, counters)
+        """`ledger` and `token`: the store's ledger and this process's token (pins link
+        records under the ledger's journal); `live_limits`: the pin limits of the live stores
+        on the root (this store's own: its options' pin_limit_bytes)."""
+        self.root = PinsRoot(context, ledger, token)
         self.path = self.root.path
-        self.limits = PinLimits(max_pinned_bytes, live_limits)
+        self.limits = PinLimits(context.options.pin_limit_bytes, live_limits)
         self.deferred = DeferredDrops(self.root)
         self._cached = queries.CachedCounts(self.root)
         try:
