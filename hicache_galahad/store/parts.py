@@ -28,7 +28,7 @@ from .flusher import Flusher
 from .layout import StoreLayout
 from .lifetime import CounterFile, live_settings
 from .namespaces import NamespaceRegistry
-from .pins import Pins
+from .pins import CachedCounts, Pins
 from .reader import RecordReader
 from .writer import RecordWriter
 
@@ -55,17 +55,21 @@ class StoreParts:
             allow_unverified=options.allow_unverified,
         )
         self.recent_reads = RecentReads()  # every read, for the shared eviction order
+        # The pinned bytes as last written (what eviction may not take) need only the root.
+        self.pinned = CachedCounts(self.context)
         self.accounting = Accounting(
             self.context,
             recent_reads=self.recent_reads,
-            pinned_bytes=lambda: self.pins.total_bytes(),  # (the pins come next)
-            # A read that quarantines a pinned record never waits for the pins lock.
+            pinned_bytes=self.pinned.total_bytes,
+            # A read that quarantines a pinned record never waits for the pins lock. (The
+            # pins come next: they link records under the accounting's ledger.)
             on_quarantined=lambda d, f: self.drop_pins(d, [f], wait=False),
         )
         self.pins = Pins(  # store/pins/: records eviction keeps
             self.context,
             self.accounting.ledger,
             token=self.accounting.token,
+            counts=self.pinned,
             live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
         )
         self.budget = Budget(
@@ -78,7 +82,7 @@ class StoreParts:
             rebuild=self.accounting.repair.rebuild_if_due,
             reclaim=self.accounting.repair.reclaim_dead,
             on_event=self.counters.add,
-            pinned_bytes=self.pins.total_bytes,
+            pinned_bytes=self.pinned.total_bytes,
         )
         self.reader = RecordReader(self.context, self.codec, recent_reads=self.recent_reads)
         deferred = options.durability == "deferred" and not read_only

@@ -272,13 +272,17 @@ class PinsRoot:
         return os.path.join(self.layout.root, PINS_DIR)
 
     def pins_fd(self, create: bool) -> int | None:
-        """A descriptor of pins/ (made when `create`), never through a link; None when it
-        is not there."""
-        root_fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(PINS_DIR, 0o755, dir_fd=root_fd)
-            return open_dir(PINS_DIR, root_fd, self.path)
-        finally:
-            os.close(root_fd)
+        return open_pins_dir(self.layout.root, create)
+
+
+def open_pins_dir(root: str, create: bool) -> int | None:
+    """A descriptor of `root`'s pins/ (made when `create`), never through a link; None when
+    it is not there."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(PINS_DIR, 0o755, dir_fd=root_fd)
+        return open_dir(PINS_DIR, root_fd, os.path.join(root, PINS_DIR))
+    finally:
+        os.close(root_fd)
