@@ -18,7 +18,8 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 
 from ..record import format as fmt
-from .layout import FileEntry, StoreLayout, is_record_name, is_temp_name, temp_is_stale
+from .context import StoreContext
+from .layout import FileEntry, is_record_name, is_temp_name, temp_is_stale
 from .quarantine import QUARANTINE_KEEP_FILES, Quarantine
 from .reader import RecordReader, reader_may_be_wrong
 
@@ -88,7 +89,7 @@ def _problem(error: fmt.FormatError) -> str:
 class Checker:
     def __init__(
         self,
-        layout: StoreLayout,
+        context: StoreContext,
         reader: RecordReader,
         quarantine: Quarantine,
         *,
@@ -97,7 +98,7 @@ class Checker:
         disk_bytes: Callable[[], int],
         is_alive: Callable[[str], bool],
     ):
-        self.layout = layout
+        self.layout = context.layout
         self.reader = reader
         self.quarantine = quarantine
         self._rebuild_ledger = rebuild_ledger

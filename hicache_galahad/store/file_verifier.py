@@ -20,7 +20,8 @@ from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
 from . import payload
-from .layout import RECORD_SUFFIX, FileEntry, StoreLayout, record_filename
+from .context import StoreContext
+from .layout import RECORD_SUFFIX, FileEntry, record_filename
 from .payload import READ_CHUNK_BYTES, RWF_NOWAIT, open_record
 
 # A record file of at most this many bytes is read whole, in one pread, and checked from that
@@ -51,8 +52,8 @@ class FileVerifier:
 
     verify_whole_max_bytes = VERIFY_WHOLE_MAX_BYTES  # (a test sets it on an instance)
 
-    def __init__(self, layout: StoreLayout, codec: RecordCodec, key_proven: set[str]):
-        self.layout = layout
+    def __init__(self, context: StoreContext, codec: RecordCodec, key_proven: set[str]):
+        self.layout = context.layout
         self.codec = codec
         self._key_proven = key_proven
         self._nowait_works = bool(RWF_NOWAIT)

@@ -15,27 +15,18 @@ import time
 
 from ..errors import ConfigError
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog
-from .layout import StoreLayout
+from .context import StoreContext
 
 DESCRIPTION_CHECK_INTERVAL_S = 60.0
 
 
 class NamespaceRegistry:
-    def __init__(
-        self,
-        layout: StoreLayout,
-        *,
-        durable: bool,
-        read_only: bool,
-        counters: Counters,
-        warn: RateLimitedLog,
-    ):
-        self.layout = layout
-        self.durable = durable
-        self.read_only = read_only
-        self._counters = counters
-        self._warn = warn
+    def __init__(self, context: StoreContext):
+        self.layout = context.layout
+        self.durable = context.options.durable
+        self.read_only = context.read_only
+        self._counters = context.counters
+        self._warn = context.warn
         self._namespaces: dict[str, Namespace] = {}
         self._described_s: dict[str, float] = {}
         self._lock = threading.Lock()

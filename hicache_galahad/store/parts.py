@@ -28,7 +28,7 @@ from .flusher import Flusher
 from .layout import StoreLayout
 from .lifetime import CounterFile, live_settings
 from .namespaces import NamespaceRegistry
-from .pins import Pins
+from .pins import CachedCounts, Pins
 from .reader import RecordReader
 from .writer import RecordWriter
 
@@ -55,21 +55,21 @@ class StoreParts:
             allow_unverified=options.allow_unverified,
         )
         self.recent_reads = RecentReads()  # every read, for the shared eviction order
+        # The pinned bytes as last written (what eviction may not take) need only the root.
+        self.pinned = CachedCounts(self.context)
         self.accounting = Accounting(
             self.context,
             recent_reads=self.recent_reads,
-            pinned_bytes=lambda: self.pins.total_bytes(),  # (the pins come next)
-            # A read that quarantines a pinned record never waits for the pins lock.
+            pinned_bytes=self.pinned.total_bytes,
+            # A read that quarantines a pinned record never waits for the pins lock. (The
+            # pins come next: they link records under the accounting's ledger.)
             on_quarantined=lambda d, f: self.drop_pins(d, [f], wait=False),
         )
         self.pins = Pins(  # store/pins/: records eviction keeps
-            layout,
+            self.context,
             self.accounting.ledger,
             token=self.accounting.token,
-            max_pinned_bytes=options.pin_limit_bytes,
-            durable=options.durable,
-            read_only=read_only,
-            counters=self.counters,
+            counts=self.pinned,
             live_limits=lambda: [s.get("max_pinned_bytes") for s in self.live_settings()],
         )
         self.budget = Budget(
@@ -82,30 +82,25 @@ class StoreParts:
             rebuild=self.accounting.repair.rebuild_if_due,
             reclaim=self.accounting.repair.reclaim_dead,
             on_event=self.counters.add,
-            pinned_bytes=self.pins.total_bytes,
+            pinned_bytes=self.pinned.total_bytes,
         )
-        self.reader = RecordReader(
-            layout, self.codec, read_only=read_only, recent_reads=self.recent_reads
-        )
+        self.reader = RecordReader(self.context, self.codec, recent_reads=self.recent_reads)
         deferred = options.durability == "deferred" and not read_only
         self.flusher = Flusher(options.flush_interval_s, self.counters) if deferred else None
         self.pool = ThreadPoolExecutor(options.io_threads, thread_name_prefix="galahad-io")
         self.writer = RecordWriter(
-            layout,
+            self.context,
             self.codec,
             self.reader,
             self.budget,
             self.accounting.quarantine,
             self.accounting.index,
-            self.counters,
-            self.context.warn,
             self.parallel,
             writer_token=self.accounting.token,
-            durability=options.durability,
             flusher=self.flusher,
         )
         self.checker = Checker(
-            layout,
+            self.context,
             self.reader,
             self.accounting.quarantine,
             rebuild_ledger=self.accounting.repair.rebuild,
@@ -113,13 +108,7 @@ class StoreParts:
             disk_bytes=self.accounting.repair.disk_bytes,
             is_alive=self.accounting.repair.is_alive,
         )
-        self.namespaces = NamespaceRegistry(
-            layout,
-            durable=options.durable,
-            read_only=read_only,
-            counters=self.counters,
-            warn=self.context.warn,
-        )
+        self.namespaces = NamespaceRegistry(self.context)
         self._counter_file = None
         if not read_only:
             self._counter_file = CounterFile(

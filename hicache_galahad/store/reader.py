@@ -27,9 +27,10 @@ from ..record import verifier
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
 from . import payload
+from .context import StoreContext
 from .eviction import RecentReads
 from .file_verifier import FileVerifier
-from .layout import StoreLayout, record_filename
+from .layout import record_filename
 from .payload import IOV_MAX, NOT_REGULAR_ERRNOS, RWF_NOWAIT, ScratchBuffers, open_record
 
 __all__ = ["OpenedRecord", "RWF_NOWAIT", "RecordReader", "open_record", "reader_may_be_wrong"]
@@ -106,23 +107,19 @@ class RecordReader:
     """Reads records of one store root, verifying every rule of docs/FORMAT.md."""
 
     def __init__(
-        self,
-        layout: StoreLayout,
-        codec: RecordCodec,
-        *,
-        read_only: bool = False,
-        recent_reads: RecentReads | None = None,
+        self, context: StoreContext, codec: RecordCodec, *, recent_reads: RecentReads | None = None
     ):
-        self.layout = layout
+        """`recent_reads`: where every read is noted (the store's shared eviction order)."""
+        self.layout = context.layout
         self.codec = codec
-        self.read_only = read_only
+        self.read_only = context.read_only  # never sets a record's time of last use
         self._recent_reads = recent_reads if recent_reads is not None else RecentReads()
         self._key_proven: set[str] = set()  # namespaces where this reader's key opened a record
         self._used_s: dict = {}  # location -> when this process last set its time of last use
         self._nowait_works = bool(RWF_NOWAIT)
         self._scratch = ScratchBuffers()
         self._handed_on = threading.BoundedSemaphore(HANDED_ON_MAX)
-        self.files = FileVerifier(layout, codec, self._key_proven)
+        self.files = FileVerifier(context, codec, self._key_proven)
 
     def key_proven(self, dirname: str) -> bool:
         return dirname in self._key_proven

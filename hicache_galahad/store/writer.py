@@ -31,11 +31,12 @@ from dataclasses import dataclass
 from ..record import format as fmt
 from ..record.codec import RecordCodec
 from ..record.namespace import Namespace
-from ..telemetry.metrics import Counters, RateLimitedLog, count_bug
+from ..telemetry.metrics import count_bug
 from .budget import Budget
+from .context import StoreContext
 from .eviction import LruIndex
 from .journal import JournalItem
-from .layout import StoreLayout, record_filename
+from .layout import record_filename
 from .payload import IOV_MAX
 from .quarantine import Quarantine
 from .reader import RecordReader
@@ -143,31 +144,31 @@ def _serial(work, count: int) -> list:
 class RecordWriter:
     def __init__(
         self,
-        layout: StoreLayout,
+        context: StoreContext,
         codec: RecordCodec,
         reader: RecordReader,
         budget: Budget,
         quarantine: Quarantine,
         index: LruIndex,
-        counters: Counters,
-        warn: RateLimitedLog,
         parallel,
         *,
         writer_token: str,
-        durability: str,
         flusher=None,
     ):
-        self.layout = layout
+        """`parallel(work, count)` runs work(i) over the store's I/O threads; `writer_token`
+        names this process in temp files; `flusher` (deferred durability) makes published
+        records durable later."""
+        self.layout = context.layout
         self.codec = codec
         self.reader = reader
         self.budget = budget
         self.quarantine = quarantine
         self.index = index
-        self.counters = counters
-        self.warn = warn
+        self.counters = context.counters
+        self.warn = context.warn
         self.parallel = parallel
         self.writer_token = writer_token
-        self.sync_each_batch = durability == "fsync"
+        self.sync_each_batch = context.options.durability == "fsync"
         self.flusher = flusher  # deferred durability: published records are flushed later
 
     def put_many(

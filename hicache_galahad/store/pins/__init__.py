@@ -28,14 +28,16 @@ from collections.abc import Callable, Iterable
 
 from ...errors import ConfigError, PinsDirError
 from ...record.namespace import Namespace
+from ..context import StoreContext
 from . import queries
 from .limits import PinLimits
 from .pin import PinResult, pin
+from .queries import CachedCounts
 from .stale import DeferredDrops, drop_stale
 from .tree import PINS_DIR, PinsRoot, document_id
 from .unpin import unpin
 
-__all__ = ["PINS_DIR", "PinResult", "Pins", "PinsDirError", "document_id"]
+__all__ = ["PINS_DIR", "CachedCounts", "PinResult", "Pins", "PinsDirError", "document_id"]
 
 
 class Pins:
@@ -43,21 +45,22 @@ class Pins:
 
     def __init__(
         self,
-        layout,
+        context: StoreContext,
         ledger,
         *,
         token: str,
-        max_pinned_bytes: int | None,
-        durable: bool,
-        read_only: bool,
-        counters=None,
+        counts: queries.CachedCounts,
         live_limits: Callable[[], Iterable] = tuple,
     ):
-        self.root = PinsRoot(layout, ledger, token, durable, read_only, counters)
+        """`ledger` and `token`: the store's ledger and this process's token (pins link
+        records under the ledger's journal); `counts`: the pinned bytes as last written (built
+        first: the accounting needs them); `live_limits`: the pin limits of the live stores
+        on the root (this store's own: its options' pin_limit_bytes)."""
+        self.root = PinsRoot(context, ledger, token)
         self.path = self.root.path
-        self.limits = PinLimits(max_pinned_bytes, live_limits)
+        self.limits = PinLimits(context.options.pin_limit_bytes, live_limits)
         self.deferred = DeferredDrops(self.root)
-        self._cached = queries.CachedCounts(self.root)
+        self._cached = counts
         try:
             info = os.lstat(self.path)
         except FileNotFoundError:

@@ -106,7 +106,7 @@ def pin(root: PinsRoot, namespace: Namespace, keys: list[str], document: str, li
             _pin_batch(root, dirs, state, namespace, batch, doc, result, limit_bytes)
         if root.durable:
             dirs.fsync_touched()
-    if result.refused_keys and root.counters is not None:
+    if result.refused_keys:
         root.counters.add("pins_refused", len(result.refused_keys))
     return result
 

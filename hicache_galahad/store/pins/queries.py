@@ -6,8 +6,19 @@ from __future__ import annotations
 import contextlib
 import os
 
+from ..context import StoreContext
 from .state import locked, read_state
-from .tree import RECORDS_DIR, STATE_FILE, Dirs, PinsRoot, is_count, plain, read_json
+from .tree import (
+    PINS_DIR,
+    RECORDS_DIR,
+    STATE_FILE,
+    Dirs,
+    PinsRoot,
+    is_count,
+    open_pins_dir,
+    plain,
+    read_json,
+)
 
 
 def pinned_dirnames(root: PinsRoot) -> list[str]:
@@ -50,15 +61,18 @@ def by_tenant(root: PinsRoot) -> dict[str, int]:
 class CachedCounts:
     """Pinned bytes per tenant as last written (no lock: one stat, and a read of the small
     state file only when it changed). A state file that is not what state.py writes is
-    ignored (the last good counts stay), never raised: the next locked change repairs it."""
+    ignored (the last good counts stay), never raised: the next locked change repairs it.
+    It needs only the store's root (not its ledger), so the accounting that evicts around
+    the pinned bytes is built after it and before the `Pins`."""
 
-    def __init__(self, root: PinsRoot):
-        self._root = root
+    def __init__(self, context: StoreContext):
+        self._store_root = context.root
+        self._pins_path = os.path.join(self._store_root, PINS_DIR)
         self._identity: tuple = ()
         self._tenants: dict[str, int] = {}
 
     def by_tenant(self) -> dict[str, int]:
-        path = os.path.join(self._root.path, STATE_FILE)
+        path = os.path.join(self._pins_path, STATE_FILE)
         try:
             info = os.stat(path, follow_symlinks=False)
         except OSError:
@@ -76,7 +90,7 @@ class CachedCounts:
     def _read(self) -> dict[str, int] | None:
         data = None
         with contextlib.suppress(OSError):
-            pins_fd = self._root.pins_fd(False)  # never through a link
+            pins_fd = open_pins_dir(self._store_root, False)  # never through a link
             if pins_fd is None:
                 return {}
             try:
@@ -92,7 +106,7 @@ class CachedCounts:
             if not is_count(nbytes):
                 return None
             found[tenant] = nbytes
-        if sum(found.values()) > _disk_bytes(self._root.path):
+        if sum(found.values()) > _disk_bytes(self._pins_path):
             return None  # more pinned than the filesystem holds: not a count
         return found
 

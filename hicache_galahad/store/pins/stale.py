@@ -72,7 +72,7 @@ def drop_stale(root: PinsRoot, dirname: str, filenames=None, *, wait: bool = Tru
                 count(state, pin.tenant, -pin.nbytes, -1)
                 released += pin.nbytes
             settle(root, dirs, state, [(RECORDS_DIR, dirname), (REFS_DIR, dirname)])
-    if released and root.counters is not None:
+    if released:
         root.counters.add("pins_dropped_bytes", released)
     return released
 
@@ -136,8 +136,7 @@ class DeferredDrops:
             except LockBusy:
                 busy[dirname] = filenames
             except Exception:  # the pin stays stale until the next drop or verify --fix
-                if self._root.counters is not None:
-                    self._root.counters.add("io_errors")
+                self._root.counters.add("io_errors")
         if busy:
             with self._lock:
                 for dirname, filenames in busy.items():

@@ -30,7 +30,9 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 from ...errors import NotARegularFileError, PinsDirError
-from ..layout import accounted_bytes
+from ...telemetry.metrics import Counters
+from ..context import StoreContext
+from ..layout import StoreLayout, accounted_bytes
 from ..safe_files import open_regular
 
 PINS_DIR = "pins"
@@ -241,29 +243,46 @@ def remove_temps(prefix: str, dir_fd: int, names=None) -> None:
 
 @dataclass
 class PinsRoot:
-    """What every pins module works on: the store's layout and ledger, this process's token,
-    and how it writes (durable: fsync; read_only: never)."""
+    """What every pins module works on: the store's context (its layout, counters, and how
+    it writes: durable, fsync; read_only, never), its ledger and this process's token."""
 
-    layout: object
+    context: StoreContext
     ledger: object
     token: str
-    durable: bool
-    read_only: bool
-    counters: object = None
     thread_lock: threading.RLock = field(default_factory=threading.RLock)
+
+    @property
+    def layout(self) -> StoreLayout:
+        return self.context.layout
+
+    @property
+    def counters(self) -> Counters:
+        return self.context.counters
+
+    @property
+    def durable(self) -> bool:
+        return self.context.options.durable
+
+    @property
+    def read_only(self) -> bool:
+        return self.context.read_only
 
     @property
     def path(self) -> str:
         return os.path.join(self.layout.root, PINS_DIR)
 
     def pins_fd(self, create: bool) -> int | None:
-        """A descriptor of pins/ (made when `create`), never through a link; None when it
-        is not there."""
-        root_fd = os.open(self.layout.root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-        try:
-            if create:
-                with contextlib.suppress(FileExistsError):
-                    os.mkdir(PINS_DIR, 0o755, dir_fd=root_fd)
-            return open_dir(PINS_DIR, root_fd, self.path)
-        finally:
-            os.close(root_fd)
+        return open_pins_dir(self.layout.root, create)
+
+
+def open_pins_dir(root: str, create: bool) -> int | None:
+    """A descriptor of `root`'s pins/ (made when `create`), never through a link; None when
+    it is not there."""
+    root_fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if create:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(PINS_DIR, 0o755, dir_fd=root_fd)
+        return open_dir(PINS_DIR, root_fd, os.path.join(root, PINS_DIR))
+    finally:
+        os.close(root_fd)
