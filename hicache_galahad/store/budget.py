@@ -44,7 +44,7 @@ class Evictor(Protocol):
 
     def evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
         """Evicts at least `want_bytes` (when it can) in the order every process shares
-        (fifo.py), in a few locked sections; (records, bytes) this process evicted (another
+        (fifo.py), in one locked section; (records, bytes) this process evicted (another
         may have deleted some first), None when that order has no victim (then the sampled
         index is the fallback)."""
 

@@ -56,7 +56,6 @@ class LedgerFile:
         # writer's publication adds to its namespace's count.
         self.logical_of = logical_of
         self.recovered_bytes = 0
-        self.locked_sections = 0  # sections that took the lock (a cost test counts them)
         self.seen: LedgerState | None = None  # the state as this process's last section left it
         self._fd = self._open()
 
@@ -189,7 +188,6 @@ class LedgerFile:
         with self._thread_lock:
             self._reopen_if_replaced()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
-            self.locked_sections += 1
             mine_before = self._mine
             try:
                 state = self._read_state()
