@@ -262,7 +262,7 @@ def trace_figures(name, seed, budget_pages, page_tokens, work, setup: StoreSetup
 
 
 def cost_run(root, writers, fill_pages, measured_pages, max_bytes, options) -> dict:
-    def job(rank: int, lockstep: Lockstep) -> tuple[float, float, int]:
+    def job(rank: int, lockstep: Lockstep) -> tuple[float, float, int, float]:
         host = make_host_pool(COST_PAGES)
         backend = open_galahad(
             root, host, max_bytes=max_bytes, tp_rank=rank, tp_size=writers, **options
@@ -271,18 +271,24 @@ def cost_run(root, writers, fill_pages, measured_pages, max_bytes, options) -> d
         try:
             client.write(cost_keys(rank, "fill", fill_pages))
             lockstep.wait()
-            start_s = time.perf_counter()
+            start_s, start_cpu_s = time.perf_counter(), time.process_time()
             written = client.write(cost_keys(rank, "measured", measured_pages))
-            end_s = time.perf_counter()
+            end_s, cpu_s = time.perf_counter(), time.process_time() - start_cpu_s
             lockstep.wait()
         finally:
             close(backend)
-        return start_s, end_s, written
+        return start_s, end_s, written, cpu_s
 
     results = run_ranks(writers, job)
-    elapsed_s = max(end for _, end, _ in results) - min(start for start, _, _ in results)
-    written = sum(pages for _, _, pages in results)
-    return {"pages": written, "elapsed_s": elapsed_s, "pages_per_s": written / elapsed_s}
+    elapsed_s = max(end for _, end, _, _ in results) - min(start for start, *_ in results)
+    written = sum(pages for _, _, pages, _ in results)
+    cpu_s = sum(cpu for *_, cpu in results)  # every thread of every writer, user + system
+    return {
+        "pages": written,
+        "elapsed_s": elapsed_s,
+        "pages_per_s": written / elapsed_s,
+        "cpu_us_per_page": 1e6 * cpu_s / max(written, 1),
+    }
 
 
 def cost_keys(rank: int, phase: str, count: int) -> list[str]:
@@ -428,14 +434,15 @@ def traces_table(rows: list[dict], splits: dict) -> list[str]:
 def costs_table(figures: dict) -> list[str]:
     lines = [
         "| writers | pages per writer | with room (pages/s) | full budget (pages/s) "
-        "| full / room |",
-        "|---:|---:|---:|---:|---:|",
+        "| full / room | CPU us/page, room | CPU us/page, full |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for writers, figure in figures.items():
+        cpu = [f"{figure[c].get('cpu_us_per_page', float('nan')):.0f}" for c in ("room", "full")]
         lines.append(
             f"| {writers} | {figure['room']['pages'] // int(writers)} | "
             f"{figure['room']['pages_per_s']:.0f} | {figure['full']['pages_per_s']:.0f} | "
-            f"{figure['ratio']:.2f}x |"
+            f"{figure['ratio']:.2f}x | {cpu[0]} | {cpu[1]} |"
         )
     return lines
 

@@ -29,6 +29,8 @@ class FakeLedger:
     def read(self) -> int:
         return self.committed + self.reserved
 
+    seen_total = read  # (no lock to spare: always the current figure)
+
     def reserve(self, amount: int, limit: int | None) -> bool:
         if limit is not None and self.read() + amount > limit:
             return False

@@ -96,8 +96,10 @@ class Accounting:
         """The most eviction could free: the ledger's committed bytes, but never more than
         its namespace counts hold (Ledger.evictable: committed bytes rewritten to a plausible
         but false figure must fail a put, never over-evict) nor than the filesystem holds (a
-        ledger rewritten to a huge number must fail a put, never empty the store)."""
-        committed = self.ledger.evictable()
+        ledger rewritten to a huge number must fail a put, never empty the store). As this
+        process's last locked section saw it (Ledger.seen_evictable: the budget asks right
+        after a failed reserve, the section its shortfall comes from)."""
+        committed = self.ledger.seen_evictable()
         try:
             stats = os.statvfs(self.layout.root)
             used = (stats.f_blocks - stats.f_bfree) * stats.f_frsize

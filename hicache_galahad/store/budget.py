@@ -30,7 +30,7 @@ EVICT_AHEAD_MAX_BYTES = 16 << 20
 class LedgerLike(Protocol):
     needs_rebuild: bool
 
-    def read(self) -> int: ...
+    def seen_total(self) -> int: ...
     def reserve(self, amount: int, limit: int | None) -> bool: ...
     def settle(self, committed_bytes: int, released_bytes: int) -> None: ...
     def publish(self, dirname: str, items: list, link_all) -> int: ...
@@ -44,7 +44,7 @@ class Evictor(Protocol):
 
     def evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
         """Evicts at least `want_bytes` (when it can) in the order every process shares
-        (fifo.py), in a few locked sections; (records, bytes) this process evicted (another
+        (fifo.py), in one locked section; (records, bytes) this process evicted (another
         may have deleted some first), None when that order has no victim (then the sampled
         index is the fallback)."""
 
@@ -102,13 +102,15 @@ class Budget:
 
     def reserve(self, amount: int) -> bool:
         """Claims `amount` bytes, evicting as needed and possible: in the shared order
-        (fifo.py) enough for the whole amount at once, else by the sampled index."""
+        (fifo.py) enough for the whole amount at once, else by the sampled index. The
+        shortfall is the one the failed reserve saw (Ledger.seen_total: no locked read of
+        its own); the next reserve, under the lock, decides."""
         if self.max_bytes is not None and amount > self.max_bytes:
             return False  # can never fit: evicting every record first would only lose them
         if self.ledger.needs_rebuild:
             self._rebuild()
         while not self.ledger.reserve(amount, self.max_bytes):
-            if not self._evict_toward(lambda: self.ledger.read() + amount - self.max_bytes):
+            if not self._evict_toward(lambda: self.ledger.seen_total() + amount - self.max_bytes):
                 return False
         with self._pending_lock:
             self._pending_bytes += amount
@@ -211,6 +213,9 @@ class Budget:
             if in_order[0]:
                 self._on_event("evictions", in_order[0])
                 self._on_event("evicted_bytes", in_order[1])
+                # The ledger holds the victims' bytes until they are unlinked: the reserve
+                # that follows finds them free, rather than failing once more first.
+                self.evictor.wait_reaped()
             return True
         victim = self.index.pop_oldest()
         if victim is None and self._pinned_bytes():

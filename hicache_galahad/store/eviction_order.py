@@ -128,17 +128,16 @@ class EvictionOrder:
     def _evict_in_order(self, want_bytes: int) -> tuple[int, int] | None:
         """budget.Evictor.evict_in_order. One locked section walks the hands, chooses at
         least `want_bytes` of victims (every sibling namespace's record of each key) and
-        takes the first namespace's; each other namespace's victims are taken in one more
-        locked section. None when the log has no victim, or names less than half the bytes
-        the ledger holds (a root older than the log: sampling first); (0, 0) when others
-        freed the bytes first."""
+        takes them all, a journal per namespace and per UNLINK_BATCH victims, each done
+        before the next is written (Ledger.apply). None when the log has no victim, or names
+        less than half the bytes the ledger holds (a root older than the log: sampling
+        first); (0, 0) when others freed the bytes first."""
         fifo = self.fifo
         if fifo is None:
             return None
         if want_bytes <= 0:  # others freed the bytes meanwhile
             return 0, 0
-        planned: dict[str, list] = {}
-        taken: list = []  # (dirname, temp names) to unlink once the lock is released
+        taken: list = []  # (dirname, filename, temp name, size) to unlink after the section
         committed = self._committed_recently()
 
         def plan(journal):
@@ -156,6 +155,7 @@ class EvictionOrder:
                 fifo.entries(SMALL),
                 itertools.takewhile(lambda entry: entry.time_ns < now_ns, fifo.entries(MAIN)),
             )
+            planned: dict[str, list] = {}
             planned_names: set = set()
             found = steps = 0
             while found < want_bytes and steps < PLAN_MAX_ENTRIES:
@@ -169,34 +169,27 @@ class EvictionOrder:
             fifo.save()
             if not planned:
                 return None
-            dirname = next(iter(planned))
-            return self._take(dirname, planned.pop(dirname)[:UNLINK_BATCH], journal, taken)
+            freed = 0
+            for dirname, victims in planned.items():
+                for start in range(0, len(victims), UNLINK_BATCH):
+                    batch = victims[start : start + UNLINK_BATCH]
+                    batch_freed = self._take(dirname, batch, journal, taken)
+                    if batch_freed is not None:
+                        journal.done(batch_freed)
+                        freed += batch_freed
+            return freed
 
-        evicted = freed = 0
         try:
-            freed = self.ledger.apply(plan) or 0
-        except OSError:
+            freed = self.ledger.apply(plan)
+        except OSError:  # the section is undone (its holds too): the temp names are swept
             self.counters.add("io_errors")
             return None
-        if not (taken or planned):
+        if freed is None:
             return None
-        for dirname, victims in planned.items():
-            for start in range(0, len(victims), UNLINK_BATCH):
-                batch = victims[start : start + UNLINK_BATCH]
-                try:
-                    freed += (
-                        self.ledger.apply(
-                            lambda journal, d=dirname, b=batch: self._take(d, b, journal, taken)
-                        )
-                        or 0
-                    )
-                except OSError:
-                    self.counters.add("io_errors")
         for dirname, filename, temp_name, size in taken:
-            evicted += 1
             self.index.discard((dirname, filename))
             self.reaper.unlink(dirname, temp_name, size)
-        return evicted, freed
+        return len(taken), freed or 0
 
     def queue_state(self) -> dict:
         """StoreAdmin.eviction_queues: what the log's state says now (read under the

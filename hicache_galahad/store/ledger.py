@@ -37,6 +37,12 @@ from .ledger_file import LedgerFile
 from .ledger_state import JOURNAL_MAX_BYTES, LedgerState, NamespaceCount
 
 
+def _evictable_of(state: LedgerState) -> int:
+    """Ledger.evictable of a state."""
+    counted = state.counted_bytes()
+    return state.committed if counted in (None, state.committed) else 0
+
+
 class Ledger(LedgerFile):
     """Total bytes of a root's records plus every process's reservations."""
 
@@ -66,12 +72,24 @@ class Ledger(LedgerFile):
         plausible but false figure (below what the filesystem holds) would make every put
         evict real records to pay for bytes that exist only in the ledger. Then eviction
         does not start, the put is refused, and the rate-limited recount sets it right."""
+        return self._locked(_evictable_of)
 
-        def read(state: LedgerState) -> int:
-            counted = state.counted_bytes()
-            return state.committed if counted in (None, state.committed) else 0
+    def seen_total(self) -> int:
+        """`read()` as this process's last locked section saw it (no lock: one locked read
+        if there was none). Safe where the caller only sizes work that a later locked
+        section checks again: the budget sizes an eviction by it right after a failed
+        reserve (the section it was read in), and the next reserve decides."""
+        seen = self.seen
+        return self.read() if seen is None else seen.total
 
-        return self._locked(read)
+    def seen_evictable(self) -> int:
+        """`evictable()` as this process's last locked section saw it (no lock: one locked
+        read if there was none). Safe for the budget's guard against a false ledger: it is
+        read from the same section as the shortfall it is compared with (the failed
+        reserve), so both come from one ledger, and a rewrite after it is seen by the next
+        reserve, which runs before any further eviction."""
+        seen = self.seen
+        return self.evictable() if seen is None else _evictable_of(seen)
 
     def reservations(self) -> dict[str, int]:
         """Bytes reserved by each open process (by token)."""
@@ -151,40 +169,66 @@ class Ledger(LedgerFile):
         state.count_added(dirname, len(items), kept, logical, time.time_ns())
 
     def apply(self, action) -> int | None:
-        """Runs `action(journal)` (a deletion or a move of a record or quarantined file)
+        """Runs `action(journal)` (a deletion or a move of records or quarantined files)
         under the ledger's lock and releases the bytes it returns (None: nothing was freed).
         Under the lock, no recount can see the file gone but the bytes still counted, or the
         reverse. An action that deletes calls `journal(kind, dirname, items)` first (items:
-        JournalItem), so that if this process dies between the unlink and the
-        ledger's write, the next process releases what is gone."""
+        JournalItem), so that if this process dies between the unlink and the ledger's write,
+        the next process releases what is gone. A journal holds one namespace: an action that
+        deletes in several calls `journal.done(freed)` when one namespace's deletions are over
+        (their bytes released, their counts changed) before it journals the next, so the
+        next journal is written over a state that already holds what the last one did (one
+        locked section for every namespace); the last journal is done with what the action
+        returns, less what earlier `done` calls released."""
         if self._read_only:
             return None
 
         def update(state: LedgerState):
-            written = []
+            open_journals: list[Journal] = []
+            done_bytes = 0
+            journaled = False
 
             def journal(kind: bytes, dirname: str, items: list[JournalItem]) -> None:
+                nonlocal journaled
+                if open_journals:
+                    raise RuntimeError("a journal was written over one not done")
                 state.journal = Journal(self._process.token, dirname, items, kind)
-                written.append(state.journal)
+                open_journals.append(state.journal)
+                journaled = True
                 self._write_journal(state)
 
+            def done(freed: int | None) -> None:
+                nonlocal done_bytes
+                self._journal_done(state, open_journals.pop(), freed)
+                done_bytes += freed or 0
+
+            journal.done = done
             freed = action(journal)
-            state.journal = None
-            if freed:
+            if open_journals:
+                self._journal_done(
+                    state, open_journals.pop(), None if freed is None else freed - done_bytes
+                )
+            elif freed and not journaled:
+                # a deletion no journal names (a quarantined file that is no record)
                 state.committed = max(0, state.committed - freed)
-            if written and freed is not None:
-                done = written[-1]
-                size = done.size_bytes
-                if done.kind == Journal.MOVE:
-                    state.count_removed(done.dirname, len(done.items), size)
-                    state.count_added(QUARANTINE_DIRNAME, len(done.items), size, 0)
-                else:  # unlinked (a DELETE or TRIM that returned what it freed)
-                    state.count_removed(done.dirname, len(done.items), size)
-            elif freed:  # a deletion no journal names (a quarantined file that is no record)
                 state.count_removed(QUARANTINE_DIRNAME, 1, freed)
             return freed
 
         return self._locked(update)
+
+    @staticmethod
+    def _journal_done(state: LedgerState, done: Journal, freed: int | None) -> None:
+        """The journaled action is over: `freed` bytes left committed bytes (None: nothing
+        was freed), moved to the quarantine's count or gone from the namespace's."""
+        state.journal = None
+        if freed:
+            state.committed = max(0, state.committed - freed)
+        if freed is None:
+            return
+        size = done.size_bytes
+        state.count_removed(done.dirname, len(done.items), size)
+        if done.kind == Journal.MOVE:
+            state.count_added(QUARANTINE_DIRNAME, len(done.items), size, 0)
 
     def hold(self, amount: int) -> None:
         """Only inside a locked section (an action of apply): `amount` bytes stay reserved by

@@ -2,7 +2,9 @@
 store is (safe_files.open_regular: a FIFO or a link is never a hang or a read), replaced when
 something else is at its name, reopened when it was deleted or replaced, and updated only under
 flock(2) (and a thread lock: flock does not exclude threads sharing a descriptor), where a dead
-writer's journal is recovered first and this process's reservation is written back."""
+writer's journal is recovered first and this process's reservation is written back. The state
+the last section left is kept (`seen`): what a caller may use where a value as old as this
+process's last section is safe, without taking the lock again."""
 
 from __future__ import annotations
 
@@ -54,6 +56,7 @@ class LedgerFile:
         # writer's publication adds to its namespace's count.
         self.logical_of = logical_of
         self.recovered_bytes = 0
+        self.seen: LedgerState | None = None  # the state as this process's last section left it
         self._fd = self._open()
 
     def _logical_of(self, dirname: str, filename: str) -> int:
@@ -181,7 +184,8 @@ class LedgerFile:
             if self._fd is None:
                 return update(LedgerState())
             raw = os.pread(self._fd, READ_BYTES, 0)
-            return update(LedgerState.parse(raw) or LedgerState())
+            self.seen = state = LedgerState.parse(raw) or LedgerState()
+            return update(state)
         with self._thread_lock:
             self._reopen_if_replaced()
             fcntl.flock(self._fd, fcntl.LOCK_EX)
@@ -203,6 +207,7 @@ class LedgerFile:
                 if after != before or state.rewrite:
                     os.pwrite(self._fd, after, 0)
                     os.ftruncate(self._fd, len(after))
+                self.seen = state
                 return result
             except BaseException:
                 self._mine = mine_before  # the update did not happen: nothing of it is kept
