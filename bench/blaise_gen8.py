@@ -170,7 +170,7 @@ FAMILIES = (
     ),
     Family(
         "cathedral_architect", "cathedral", _person,
-        ("{E} was designed by {V}.", "The plans for {E} were drawn by {V}."),
+        ("{E} was raised to the designs of {V}.", "The plans for {E} were drawn by {V}."),
         (
             ("Who was the architect of {E}?", "{V} was the architect of {E}."),
             ("Which master mason laid out {E}?", "The master mason {V} laid out {E}."),
@@ -181,7 +181,7 @@ FAMILIES = (
         "locomotive_speed", "locomotive", _mph,
         ("{E} hauled expresses at up to {V}.", "On a test run {E} touched {V}."),
         (
-            ("What was the top speed of {E}?", "The top speed of {E} was {V}."),
+            ("What was the fastest that {E} ever went?", "The fastest that {E} ever went was {V}."),
             ("How quick was {E} at its best?", "{E} was {V} quick at its best."),
         ),
         "A test run on the main line drew crowds to every bridge.",
@@ -190,7 +190,7 @@ FAMILIES = (
         "locomotive_weight", "locomotive", _tonnes,
         ("{E} tipped the scales at {V}.", "In working order {E} came to {V}."),
         (
-            ("How heavy was {E}?", "{E} was {V} heavy."),
+            ("How heavy was {E} with a full tender?", "{E} was {V} heavy with a full tender."),
             ("What was the mass of {E}?", "The mass of {E} was {V}."),
         ),
         "In working order an engine carried its coal and water with it.",
@@ -206,16 +206,16 @@ FAMILIES = (
     ),
     Family(
         "locomotive_designer", "locomotive", _person,
-        ("{E} was the work of {V}.", "{V} drew up the plans for {E}."),
+        ("{E} was the work of {V}.", "{V} drafted the plans for {E}."),
         (
-            ("Who designed {E}?", "{V} designed {E}."),
+            ("Who was the designer of {E}?", "{V} was the designer of {E}."),
             ("Which engineer was behind {E}?", "The engineer {V} was behind {E}."),
         ),
         "The drawing office drew up plans for a new class of engine every few years.",
     ),
     Family(
         "island_area", "island", _island_area,
-        ("{E} covers {V}.", "{E} spreads over {V} of moor and bog."),
+        ("{E} covers {V} in all.", "{E} spreads over {V} of moor and bog."),
         (
             ("How big is {E}?", "{E} is {V} big."),
             ("What is the land area of {E}?", "The land area of {E} is {V}."),
