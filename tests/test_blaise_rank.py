@@ -302,12 +302,13 @@ def test_a_tally_is_a_number_that_is_not_a_measure(sentence, tally):
 def test_how_many_prefers_a_count_to_a_measure():
     """ "How many workers did the X mine have?" asked for a count; a same-name sentence with
     "1,479 metres" held a number too and took the answer-type bonus (second generator, train
-    split)."""
+    split). (Without the definitions' tie-break, round 10, which also finds it: "workers"
+    and "men" meet in their definitions.)"""
     count = "At its peak the Theamrurk mine had 17,561 men underground, in three shifts a day."
     measure = "The main shaft of the Theamrurk mine is 1,479 metres deep."
     question = "How many workers did the Theamrurk mine have?"
     for tally in (True, False):
-        ranker = Ranker(RankParams(tally=tally))
+        ranker = Ranker(RankParams(tally=tally, glosses=False))
         ranker.add(0, count)
         ranker.add(1, measure)
         for number in range(2, 12):
@@ -549,3 +550,46 @@ def test_a_sentence_about_a_near_name_lends_nothing_to_the_subject():
     for number in range(2, 12):
         ranker.add(number, FILLER)
     assert ranker.search("How big is the footprint of the Fundaithfu Hall?", 1)[0][0] == 1
+
+
+DEFINED_APART = [
+    (
+        "How much lifting medium did the airship Mipeth contain?",
+        "The gas cells of the airship Mipeth held 169,000 cubic metres of hydrogen.",
+        "The hull of the airship Mipeth was 225 yards long.",
+    ),
+    (
+        "How much lifting medium did the airship Drulgrulgor contain?",
+        "The gas cells of the airship Drulgrulgor held 123,000 cubic metres of hydrogen.",
+        "The airship Drulgrulgor could make 108 kilometres per hour in still air.",
+    ),
+]
+
+
+@pytest.mark.parametrize(("question", "fact", "decoy"), DEFINED_APART)
+def test_definitions_of_the_words_only_one_sentence_has_break_the_tie(question, fact, decoy):
+    """Round 10 (gen4's misses): both sentences hold a quantity and state what the question's
+    words name equally, so the lexical score (a shorter section) chose; now the words only one
+    of the subject's sentences has are compared with the question's through their WordNet
+    definitions (medium: "... a substance ..."; hydrogen, gas: "... a gas ...")."""
+    for params, expected in ((RankParams(glosses=False), 0), (RankParams(), 1)):
+        ranker = Ranker(params)
+        ranker.add(0, decoy)
+        ranker.add(1, fact)
+        for number in range(2, 12):
+            ranker.add(number, FILLER)
+        assert ranker.search(question, 1)[0][0] == expected, params
+
+
+def test_gloss_overlap_counts_only_what_one_sentence_has():
+    """The words every candidate sentence has say nothing about which answers; a word and
+    one in its definition meet ("peal" is defined by "bell")."""
+    from hicache_galahad.blaise import evidence, glosses
+
+    table = glosses.glosses()
+    assert {"bell", "ring"} <= table.expand(["peal"])
+    assert table.idf("bell") > 0 and table.idf("unit") == 0.0  # too common to keep
+    tower = frozenset({"tower", "hous", "bell"})
+    doors = frozenset({"tower", "door"})
+    assert evidence.gloss_overlap({"peal"}, [tower, doors]) == [1.0, 0.0]
+    assert evidence.gloss_overlap({"tower"}, [tower, doors]) == [0.0, 0.0]

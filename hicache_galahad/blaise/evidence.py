@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from . import answer, attributes
+from . import answer, attributes, glosses
 from .analyzer import Analyzer, analyse_many
 from .answer import AnswerType
 
@@ -106,3 +106,19 @@ def agreement(sentence: str, question: Asked, analyzer: Analyzer, params) -> flo
     if attributes.holds_tally(sentence):  # a count states a number ("139,000 bottles")
         stated["number"] = 1.0
     return attributes.agreement(question.attributes, stated)
+
+
+def gloss_overlap(question_terms, sentences_terms: list[frozenset[str]]) -> list[float]:
+    """For each of the subject's candidate sentences (their stems): how far the words only
+    it has, not the others, and the question's words (`question_terms`: those not every
+    candidate holds) overlap once expanded by their definitions (glosses.py), by the IDF
+    of the shared definition words; 0..1, the best candidate 1."""
+    table = glosses.glosses()
+    asked = table.expand(question_terms, asked=True)
+    scores = []
+    for index, own in enumerate(sentences_terms):
+        others = frozenset().union(*(t for j, t in enumerate(sentences_terms) if j != index))
+        shared = asked & table.expand(own - others)
+        scores.append(sum(map(table.idf, shared)))
+    top = max(scores, default=0.0)
+    return [score / top if top else 0.0 for score in scores]

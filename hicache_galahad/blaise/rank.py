@@ -11,6 +11,11 @@ section is scored by
           + attribute_weight * IDF in the best sentence * agreement of the attributes the
             question names and those the best sentence names (evidence.py)
 
+When the question names a subject, the sections naming it are ordered by their best
+sentence's evidence (answer type held, attribute agreement) first, ties broken by how far the
+words only that sentence has, not the subject's other sentences, meet the question's words in
+their WordNet definitions (evidence.gloss_overlap), then by the score.
+
 The sentence term rewards sections where the question's words meet in one sentence (a fact is
 one sentence; a decoy that shares a name but sits in another context scatters them). The
 answer term is the classic question-answering cue: "when", "what year", "how many" ... ask for
@@ -49,6 +54,7 @@ class RankParams:
     glossed: bool = True  # ... and the words whose first sense's definition names one
     decisive: bool = True  # among sections naming the subject, answer evidence decides
     tally: bool = True  # "how many" asks for a count: a number with a unit is a measure
+    glosses: bool = True  # evidence ties broken by the definitions of unique words (Lesk)
 
 
 _NAMED = re.compile(r"(?<!^)(?<![.!?] )(?<![.!?])\b[A-Z][\w'-]*")  # a name in a question
@@ -246,10 +252,22 @@ class Ranker:
         shared = frozenset.intersection(*stated) if subject and len(stated) > 1 else frozenset()
         question_asks = evidence.asked(question, self.analyzer, params, shared)
         total_idf = sum(idf.values())
+        # among the subject's sentences, what only one of them says: by the definitions of
+        # its words and of the question's (breaks ties of the evidence below)
+        glossed = [0.0] * len(best)
+        if subject is not None and params.decisive and params.glosses and len(best) > 1:
+            glossed = evidence.gloss_overlap(
+                question_asks.terms - shared,
+                [
+                    frozenset(self.analyzer.terms(evidence.common_words(sentence or "")))
+                    for _, sentence, _ in best
+                ],
+            )
         fused = []
         evident: dict[int, float] = {}  # answer type held + attribute agreement
-        for (section, score), (sentence_score, sentence, sentence_terms) in zip(
-            candidates, best, strict=True
+        defined: dict[int, float] = {}  # the definition overlap
+        for (section, score), (sentence_score, sentence, sentence_terms), gloss in zip(
+            candidates, best, glossed, strict=True
         ):
             held = evidence.held(sentence, question_asks, params.tally)
             agree = evidence.agreement(sentence, question_asks, self.analyzer, params)
@@ -259,11 +277,12 @@ class Ranker:
             total = score + params.sentence_weight * sentence_score
             total += params.answer_weight * total_idf * held
             total += params.attribute_weight * covered * agree
-            evident[section] = held + agree
+            evident[section] = round(held + agree, 9)
+            defined[section] = gloss
             fused.append((section, total))
         if subject is not None and params.decisive:
             # every candidate names the question's subject: what each states decides
-            fused.sort(key=lambda kv: (-evident[kv[0]], -kv[1], kv[0]))
+            fused.sort(key=lambda kv: (-evident[kv[0]], -defined[kv[0]], -kv[1], kv[0]))
         else:
             fused.sort(key=lambda kv: (-kv[1], kv[0]))
         return fused[:k]
