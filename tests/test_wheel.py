@@ -84,10 +84,13 @@ def installed(tmp_path_factory):
     )
     # SGLang, torch and the rest from the project venv, read-only, behind the fresh venv's own
     (site / "project_dependencies.pth").write_text(sysconfig.get_path("purelib") + "\n")
+    # Without PYTHONPATH: a checkout on it (its egg-info) reads to pip as hicache-galahad
+    # installed already, and the wheel was not installed into the fresh venv.
     run(
         [sys.executable, "-m", "pip", "--python", python, "install", "--no-deps", "--no-index",
          "--no-compile", wheels[0]],
         cwd=work,
+        env={k: v for k, v in os.environ.items() if k != "PYTHONPATH"},
     )  # fmt: skip
     return venv, wheels[0], site
 
