@@ -126,16 +126,16 @@ class RecordCodec:
         accepts for the request: V1-V12 by one comparison (expected_plain_header, the echo,
         the digest's padding). None when they are not: the caller then applies the rules one
         by one. The payload is still to be fed and the digest matched (V13)."""
-        view = memoryview(head)
+        head = bytes(head)  # (slices of bytes compare in half the time of a memoryview's)
         digest_end = fmt.DIGEST_OFFSET + self.digest_bytes
         if (
-            view[: fmt.DIGEST_OFFSET]
+            head[: fmt.DIGEST_OFFSET]
             != self.expected_plain_header(namespace, len(key_bytes), raw_len)
-            or view[fmt.FIXED_HEADER_BYTES :] != key_bytes
-            or view[digest_end : fmt.FIXED_HEADER_BYTES] != self.digest_padding
+            or head[fmt.FIXED_HEADER_BYTES :] != key_bytes
+            or head[digest_end : fmt.FIXED_HEADER_BYTES] != self.digest_padding
         ):
             return None
-        return verifier.Digest(self.digest_alg, bytes(view[fmt.DIGEST_OFFSET : digest_end]), view)
+        return verifier.Digest(self.digest_alg, head[fmt.DIGEST_OFFSET : digest_end], head)
 
     def expected_plain_header(self, namespace: Namespace, key_len: int, raw_len: int) -> bytes:
         """verifier.expected_plain_header for this store's digest, cached."""

@@ -186,24 +186,22 @@ class RecordReader:
             return OpenedRecord(None, error, key_bytes)  # (the full read's answer too)
         except OSError:
             return None  # (the full read tries again)
-        opened = OpenedRecord(fd, None, key_bytes)
         try:
             if self._read_at_once(fd, namespace, key_bytes, segments, raw_len, RWF_NOWAIT):
                 if not self.read_only:
                     self._note_use(fd, (namespace.dirname, filename))
-                opened.close()
+                os.close(fd)  # (served: no OpenedRecord is built, the hot path's cost)
                 return True
         except (OSError, fmt.FormatError) as error:
             if getattr(error, "errno", None) in (errno.EOPNOTSUPP, errno.EINVAL):
                 self._nowait_works = False  # a kernel or filesystem without RWF_NOWAIT reads
         except BaseException:
-            opened.close()
+            os.close(fd)
             raise
         if not self._handed_on.acquire(blocking=False):
-            opened.close()  # (HANDED_ON_MAX held already: the full read opens it again)
+            os.close(fd)  # (HANDED_ON_MAX held already: the full read opens it again)
             return None
-        opened.slot = self._handed_on
-        return opened
+        return OpenedRecord(fd, None, key_bytes, self._handed_on)
 
     def raw_len(self, namespace: Namespace, key: str) -> int:
         """The raw size a record declares, after its header checks (V0-V12)."""
