@@ -1,7 +1,7 @@
 """Evicted files unlinked on a background thread, so that a put never waits for them.
 
 Eviction takes a record's name under the ledger's lock (a rename to a temp name of this
-process, journaled, its bytes released: accounting.py); what is left is the unlink that frees
+process, journaled, its bytes held: eviction_order.py); what is left is the unlink that frees
 its blocks, which for a record long written costs a filesystem far more than a put (about
 0.7 ms for a 32 KiB file on ext4, against 10 us for one whose data was never written). Done on
 the put's thread it made a put into a full store several times slower than one with room.
