@@ -26,13 +26,13 @@ import argparse
 import os
 import random
 import sys
-from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import blaise_gen2 as gen2  # noqa: E402
 import blaise_runs as runs  # noqa: E402
+from blaise_runs import Family  # noqa: E402
 
 FIRST_SEED = 4000
 
@@ -83,16 +83,6 @@ def _crew(rng, _names) -> str:
 
 def _person(rng, names) -> str:
     return f"{names.fresh(rng, 2)} {names.fresh(rng, 2)}"
-
-
-@dataclass(frozen=True)
-class Family:
-    name: str
-    kind: str
-    value: object
-    facts: tuple[str, ...]  # {E} the entity, {V} the value
-    questions: tuple[tuple[str, str], ...]  # (question, its statement in its own words)
-    echo: str
 
 
 ENTITY_FORMS = {

@@ -3,7 +3,7 @@ decoys from a module's families, the check that no question shares a content wor
 fact of its family, and the run and report loop (per seed, Blaise beside the BM25 baseline,
 then a summary), which blaise_gen2 uses too.
 
-A generator module has FAMILIES (each with name, kind, value, facts, questions, echo),
+A generator module has FAMILIES (each a Family: name, kind, value, facts, questions, echo),
 BY_KIND, ENTITY_FORMS and KIND_WORDS.
 """
 
@@ -13,12 +13,25 @@ import os
 import statistics
 import sys
 from collections import Counter
+from dataclasses import dataclass
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import blaise_gen2 as gen2  # noqa: E402
 from bench_blaise import CORPORA, TekkenTokenizer, machine_header, percentile, run_baseline  # noqa: E402
+
+
+@dataclass(frozen=True)
+class Family:
+    """One kind of fact about an entity kind, asked in questions of its own words."""
+
+    name: str
+    kind: str
+    value: object  # (rng, names) -> a value string
+    facts: tuple[str, ...]  # {E} the entity, {V} the value
+    questions: tuple[tuple[str, str], ...]  # (question, its statement in its own words)
+    echo: str
 
 
 def by_kind(families) -> dict[str, list]:
