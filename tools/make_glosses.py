@@ -33,20 +33,6 @@ import make_attributes  # noqa: E402
 from hicache_galahad.blaise.analyzer import Analyzer  # noqa: E402
 
 DF_CAP = 200
-INDEX_FILES = {"n": "index.noun", "v": "index.verb", "a": "index.adj"}
-
-
-def first_senses(directory: str) -> dict[tuple[str, str], str]:
-    """(pos, word) -> the offset of its first (most frequent) sense."""
-    senses = {}
-    for pos, name in INDEX_FILES.items():
-        with open(os.path.join(directory, name), encoding="utf-8", errors="replace") as index:
-            for line in index:
-                if line.startswith("  "):
-                    continue
-                fields = line.split()
-                senses[(pos, fields[0])] = fields[len(fields) - int(fields[2])]
-    return senses
 
 
 def build(directory: str):
@@ -54,7 +40,7 @@ def build(directory: str):
     analyzer = Analyzer()
     every: dict[str, set[str]] = defaultdict(set)
     asked: dict[str, set[str]] = defaultdict(set)
-    for (pos, word), offset in sorted(first_senses(directory).items()):
+    for (pos, word), offset in sorted(make_attributes.first_senses(directory).items()):
         found = synsets.get((pos, offset))
         if "_" in word or found is None:
             continue
