@@ -77,7 +77,11 @@ class ExactLru:
         return run
 
     def write(self, index: int, request: Request, restored: int) -> None:
-        for key in request.keys[restored:]:
+        self._admit(request.keys[restored:])
+
+    def _admit(self, keys) -> None:
+        """Each key made the most recent in turn, the least recent evicted past capacity."""
+        for key in keys:
             if key in self._pages:
                 self._pages.move_to_end(key)
                 continue
@@ -98,13 +102,7 @@ class LeavesFirstLru(ExactLru):
         return run
 
     def write(self, index: int, request: Request, restored: int) -> None:
-        for key in reversed(request.keys[restored:]):
-            if key in self._pages:
-                self._pages.move_to_end(key)
-                continue
-            self._pages[key] = None
-            while len(self._pages) > self.capacity_pages:
-                self._pages.popitem(last=False)
+        self._admit(reversed(request.keys[restored:]))
         for key in reversed(request.keys[:restored]):  # the run's head stays the most recent
             if key in self._pages:
                 self._pages.move_to_end(key)
